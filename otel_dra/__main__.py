@@ -1,0 +1,3 @@
+from otel_dra.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,205 @@
+"""The cluster-state collector: three reflectors, three stores, their families and self-metrics.
+
+It is given a KubeClient and meter providers; it knows nothing of HTTP serving or of the plugin.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
+
+from otel_dra import __version__
+from otel_dra.cluster import deviceclass, resourceclaim, resourceslice
+from otel_dra.cluster.families import Family
+from otel_dra.cluster.store import ObjectStore
+from otel_dra.kube.client import KubeClient
+from otel_dra.kube.reflector import Reflector, ResourceType
+from otel_dra.telemetry.exposition import GaugeFamily
+
+log = logging.getLogger(__name__)
+
+SCOPE = "otel_dra.cluster"
+
+# Seconds; scrape/collection durations of this exporter are milliseconds to seconds.
+DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class _SelfMetrics:
+    """Instruments about the exporter itself (on the main MeterProvider, so pull and push)."""
+
+    def __init__(self, provider: MeterProvider) -> None:
+        meter = provider.get_meter(SCOPE, __version__)
+        self.events = meter.create_counter(
+            "otel_dra.watch.events", "{event}", "Watch events received, by resource and event type."
+        )
+        self.relists = meter.create_counter(
+            "otel_dra.relists", "{relist}", "Full relists after the initial one, by resource and reason."
+        )
+        self.list_errors = meter.create_counter(
+            "otel_dra.list.errors", "{error}", "Failed list requests, by resource and HTTP code (0: no answer)."
+        )
+        self.watch_errors = meter.create_counter(
+            "otel_dra.watch.errors", "{error}", "Failed or broken watches, by resource and HTTP code (0: no answer)."
+        )
+        self.invalid = meter.create_counter(
+            "otel_dra.objects.invalid",
+            "{problem}",
+            "Problems found in objects (invalid annotations or quantities, malformed fields), counted once "
+            "per object change.",
+        )
+        self.duration = meter.create_histogram(
+            "otel_dra.collection.duration",
+            "s",
+            "Time taken to answer one /metrics scrape (render and compress), by exporter.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+
+    # ReflectorEvents
+    def watch_event(self, resource: str, event_type: str) -> None:
+        self.events.add(1, {"resource": resource, "type": event_type})
+
+    def relist(self, resource: str, reason: str) -> None:
+        self.relists.add(1, {"resource": resource, "reason": reason})
+
+    def list_error(self, resource: str, status: int) -> None:
+        self.list_errors.add(1, {"resource": resource, "code": str(status)})
+
+    def watch_error(self, resource: str, status: int) -> None:
+        self.watch_errors.add(1, {"resource": resource, "code": str(status)})
+
+
+class ClusterState:
+    """Watches ResourceClaims, ResourceSlices and DeviceClasses and serves their families."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        meter_provider: MeterProvider,
+        *,
+        push_meter_provider: MeterProvider | None = None,
+        stale_after: float = 30.0,
+        page_size: int = 500,
+    ) -> None:
+        self._metrics = _SelfMetrics(meter_provider)
+        on_problem = self._count_problem
+        self.claims = ObjectStore("resourceclaims", resourceclaim.parse, resourceclaim.FAMILIES, on_problem=on_problem)
+        self.slices = ObjectStore("resourceslices", resourceslice.parse, resourceslice.FAMILIES, on_problem=on_problem)
+        self.classes = ObjectStore("deviceclasses", deviceclass.parse, deviceclass.FAMILIES, on_problem=on_problem)
+        stores: list[tuple[ResourceType, ObjectStore[Any]]] = [
+            (resourceclaim.RESOURCE, self.claims),
+            (resourceslice.RESOURCE, self.slices),
+            (deviceclass.RESOURCE, self.classes),
+        ]
+        self.stores: list[ObjectStore[Any]] = [s for _, s in stores]
+        self.reflectors = [
+            Reflector(client, rtype, store, events=self._metrics, stale_after=stale_after, page_size=page_size)
+            for rtype, store in stores
+        ]
+        meter = meter_provider.get_meter(SCOPE, __version__)
+        meter.create_observable_gauge(
+            "otel_dra.cache.objects", [self._observe_objects], "{object}", "Objects held in the cache, by resource."
+        )
+        meter.create_observable_gauge(
+            "otel_dra.cache.synced",
+            [self._observe_synced],
+            "1",
+            "1 when the resource's cache is in sync with the API server (else /metrics answers 500).",
+        )
+        meter.create_observable_gauge(
+            "otel_dra.cache.last_sync_timestamp",
+            [self._observe_last_sync],
+            "s",
+            "Unix time of the last successful list or watch event/bookmark, by resource.",
+        )
+        if push_meter_provider is not None:
+            self._register_push(push_meter_provider)
+
+    def _count_problem(self, resource: str) -> None:
+        self._metrics.invalid.add(1, {"resource": resource})
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> ClusterState:
+        for reflector in self.reflectors:
+            reflector.start()
+        return self
+
+    def stop(self) -> None:
+        for reflector in self.reflectors:
+            reflector._stop.set()
+        for reflector in self.reflectors:
+            reflector.stop()
+
+    def not_synced(self) -> str | None:
+        """None when every cache is in sync, else why not."""
+        problems = []
+        for reflector in self.reflectors:
+            state = reflector.state()
+            if not state.synced:
+                what = "initial list not complete" if not state.has_synced else "watch broken"
+                detail = f" ({state.error})" if state.error else ""
+                problems.append(f"{reflector.resource.plural}: {what}{detail}")
+        return "; ".join(problems) or None
+
+    def wait_synced(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.not_synced() is None:
+                return True
+            time.sleep(0.05)
+        return self.not_synced() is None
+
+    # --- Prometheus: pre-rendered blocks -------------------------------------------------------
+    def blocks(self) -> list[tuple[GaugeFamily, bytes]]:
+        out: list[tuple[GaugeFamily, bytes]] = []
+        for store in self.stores:
+            out.extend(store.blocks())
+        return out
+
+    def families(self) -> Sequence[Family[Any]]:
+        return [fam for store in self.stores for fam in store.families]
+
+    def record_collection(self, seconds: float, exporter: str) -> None:
+        self._metrics.duration.record(seconds, {"exporter": exporter})
+
+    # --- OTLP: observable gauges read the cache -------------------------------------------------
+    def _register_push(self, provider: MeterProvider) -> None:
+        meter = provider.get_meter(SCOPE, __version__)
+        for store in self.stores:
+            for fam in store.families:
+                meter.create_observable_gauge(
+                    fam.gauge.name,
+                    [self._push_callback(store, fam)],
+                    fam.gauge.unit,
+                    fam.gauge.description,
+                )
+
+    def _push_callback(self, store: ObjectStore[Any], fam: Family[Any]) -> Any:
+        keys = fam.gauge.labels
+
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            # Never push a partial or stale picture: an out-of-sync cache pushes nothing.
+            if self.not_synced() is not None:
+                return
+            for obj in store.objects():
+                for values, value in fam.samples(obj):
+                    yield Observation(value, dict(zip(keys, values, strict=True)))
+
+        return callback
+
+    def _observe_objects(self, options: CallbackOptions) -> Iterable[Observation]:
+        for store in self.stores:
+            yield Observation(len(store), {"resource": store.resource})
+
+    def _observe_synced(self, options: CallbackOptions) -> Iterable[Observation]:
+        for reflector in self.reflectors:
+            yield Observation(1 if reflector.state().synced else 0, {"resource": reflector.resource.plural})
+
+    def _observe_last_sync(self, options: CallbackOptions) -> Iterable[Observation]:
+        for reflector in self.reflectors:
+            last = reflector.state().last_sync
+            if last is not None:
+                yield Observation(last, {"resource": reflector.resource.plural})

@@ -1,0 +1,40 @@
+"""Metric families as data, the kube-state-metrics way.
+
+A family is a gauge (name, unit, help, labels), a stability level and a function from one cached
+object to its samples. The same definition drives the Prometheus exposition (rendered when the
+object changes), the OTLP observable gauge, and the docs/metrics.md table check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from otel_dra.telemetry.exposition import GaugeFamily
+
+T = TypeVar("T")
+
+Sample = tuple[Sequence[str], float]
+
+
+@dataclass(frozen=True)
+class Family(Generic[T]):
+    gauge: GaugeFamily
+    stability: str
+    samples: Callable[[T], Iterable[Sample]]
+
+    @property
+    def prom_name(self) -> str:
+        return self.gauge.prom_name
+
+
+def family(
+    name: str,
+    unit: str,
+    description: str,
+    labels: tuple[str, ...],
+    samples: Callable[[T], Iterable[Sample]],
+    stability: str = "stable",
+) -> Family[T]:
+    return Family(GaugeFamily(name, unit, description, labels), stability, samples)

@@ -1,0 +1,213 @@
+"""A small Kubernetes REST client: credentials from the usual places, raw JSON, one request path.
+
+Why not the generated ``kubernetes`` client API: its typed models are about 10x slower than
+``json.loads`` at 10^4 objects, one malformed object fails a whole list, and its watch helper is
+broken for resource.k8s.io/v1 (see docs/design.md). We reuse only its credential loading
+(kubeconfig merging, exec plugins, in-cluster tokens with refresh) and do the HTTP ourselves with
+urllib3, so every API request goes through :meth:`KubeClient.request` -- the single place where
+request metrics are recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+import urllib3
+
+log = logging.getLogger(__name__)
+
+IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+
+
+class CredentialsError(RuntimeError):
+    """No usable Kubernetes credentials; the message says what was tried."""
+
+
+class ApiError(Exception):
+    """A non-2xx answer from the API server (``status`` 0: no answer at all)."""
+
+    def __init__(self, status: int, reason: str, body: str = "") -> None:
+        self.status = status
+        self.reason = reason
+        self.body = body
+        message = reason
+        try:
+            parsed = json.loads(body) if body else None
+            if isinstance(parsed, dict) and parsed.get("message"):
+                message = str(parsed["message"])
+        except ValueError:
+            pass
+        self.message = message
+        super().__init__(f"HTTP {status}: {message}" if status else message)
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """Where the API server is and how to authenticate; ``source`` says where it came from."""
+
+    host: str
+    source: str
+    ca_file: str | None
+    cert_file: str | None
+    key_file: str | None
+    verify: bool
+    tls_server_name: str | None
+    auth_headers: Callable[[], dict[str, str]]
+
+
+def load_credentials(kubeconfig: str | None = None, env: Mapping[str, str] | None = None) -> Credentials:
+    """``--kubeconfig``, else ``KUBECONFIG`` (path list), else in-cluster, else ``~/.kube/config``."""
+    from kubernetes import client as k8s_client
+    from kubernetes import config as k8s_config
+
+    env = os.environ if env is None else env
+    cfg = k8s_client.Configuration()
+    home_config = Path(env.get("HOME", str(Path.home()))) / ".kube" / "config"
+    try:
+        if kubeconfig:
+            for path in kubeconfig.split(os.pathsep):
+                if path and not Path(path).expanduser().exists():
+                    raise CredentialsError(f"--kubeconfig {path}: file does not exist")
+            k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+            source = f"--kubeconfig {kubeconfig}"
+        elif env.get("KUBECONFIG"):
+            paths = [p for p in env["KUBECONFIG"].split(os.pathsep) if p]
+            if not any(Path(p).expanduser().exists() for p in paths):
+                raise CredentialsError(f"KUBECONFIG={env['KUBECONFIG']}: none of these files exists")
+            k8s_config.load_kube_config(config_file=env["KUBECONFIG"], client_configuration=cfg)
+            source = f"KUBECONFIG={env['KUBECONFIG']}"
+        elif env.get("KUBERNETES_SERVICE_HOST") and IN_CLUSTER_TOKEN.exists():
+            k8s_config.load_incluster_config(client_configuration=cfg)
+            source = "in-cluster service account"
+        elif home_config.exists():
+            k8s_config.load_kube_config(config_file=str(home_config), client_configuration=cfg)
+            source = str(home_config)
+        else:
+            raise CredentialsError(
+                "no Kubernetes credentials: pass --kubeconfig, set KUBECONFIG, run in a pod with a "
+                f"service account, or create {home_config}"
+            )
+    except CredentialsError:
+        raise
+    except Exception as exc:  # the kubernetes loader raises many types; all mean "unusable config"
+        raise CredentialsError(f"cannot load Kubernetes credentials: {exc}") from exc
+
+    def auth_headers() -> dict[str, str]:
+        headers: dict[str, str] = {}
+        # auth_settings() also runs the refresh hook (exec plugins, rotated in-cluster tokens).
+        for setting in cfg.auth_settings().values():
+            if setting.get("in") == "header" and setting.get("value"):
+                headers[setting["key"]] = setting["value"]
+        return headers
+
+    return Credentials(
+        host=cfg.host.rstrip("/"),
+        source=source,
+        ca_file=cfg.ssl_ca_cert,
+        cert_file=cfg.cert_file,
+        key_file=cfg.key_file,
+        verify=bool(cfg.verify_ssl),
+        tls_server_name=getattr(cfg, "tls_server_name", None),
+        auth_headers=auth_headers,
+    )
+
+
+# (method, path template, status code or 0, seconds, retry) -> None
+RequestObserver = Callable[[str, str, int, float], None]
+
+
+class KubeClient:
+    """HTTP against one API server. Thread-safe (urllib3 pools are)."""
+
+    def __init__(
+        self,
+        credentials: Credentials,
+        *,
+        observer: RequestObserver | None = None,
+        user_agent: str = "otel-dra",
+    ) -> None:
+        self.credentials = credentials
+        self.host = credentials.host
+        self._observer = observer
+        self._user_agent = user_agent
+        self._netloc = urlsplit(credentials.host).netloc
+        kwargs: dict[str, Any] = {"maxsize": 8, "retries": False}
+        if credentials.host.startswith("https"):
+            kwargs["cert_reqs"] = "CERT_REQUIRED" if credentials.verify else "CERT_NONE"
+            if credentials.ca_file:
+                kwargs["ca_certs"] = credentials.ca_file
+            if credentials.cert_file:
+                kwargs["cert_file"] = credentials.cert_file
+                kwargs["key_file"] = credentials.key_file
+            if credentials.tls_server_name:
+                kwargs["server_hostname"] = credentials.tls_server_name
+            if not credentials.verify:
+                urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+        self._pool = urllib3.PoolManager(**kwargs)
+
+    @property
+    def netloc(self) -> str:
+        return self._netloc
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str | int] | None = None,
+        body: Any = None,
+        timeout: tuple[float, float] = (10.0, 60.0),
+        stream: bool = False,
+        content_type: str = "application/json",
+    ) -> urllib3.BaseHTTPResponse:
+        """One API request. Raises :class:`ApiError` for transport errors and non-2xx answers.
+
+        With ``stream=True`` the caller reads (and must release) the body.
+        """
+        url = self.host + path
+        if query:
+            url += "?" + urlencode({k: v for k, v in query.items() if v is not None and v != ""})
+        headers = {"Accept": "application/json", "User-Agent": self._user_agent}
+        headers.update(self.credentials.auth_headers())
+        data: bytes | None = None
+        if body is not None:
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            headers["Content-Type"] = content_type
+        start = time.monotonic()
+        status = 0
+        try:
+            resp = self._pool.request(
+                method,
+                url,
+                body=data,
+                headers=headers,
+                timeout=urllib3.Timeout(connect=timeout[0], read=timeout[1]),
+                preload_content=not stream,
+                redirect=False,
+            )
+            status = resp.status
+        except urllib3.exceptions.HTTPError as exc:
+            raise ApiError(0, f"{method} {self._netloc}{path}: {exc}") from exc
+        finally:
+            if self._observer is not None:
+                self._observer(method, path, status, time.monotonic() - start)
+        if status >= 300:
+            text = resp.data.decode("utf-8", "replace") if not stream else resp.read().decode("utf-8", "replace")
+            if stream:
+                resp.release_conn()
+            raise ApiError(status, resp.reason or "", text)
+        return resp
+
+    def get_json(self, path: str, query: Mapping[str, str | int] | None = None) -> Any:
+        return json.loads(self.request("GET", path, query=query).data)
+
+    def send_json(self, method: str, path: str, body: Any, content_type: str = "application/json") -> Any:
+        return json.loads(self.request(method, path, body=body, content_type=content_type).data)

@@ -1,0 +1,302 @@
+"""List + watch of one resource into a handler, with the behaviour client-go's reflector has.
+
+- The initial list is paginated (``limit``/``continue``) and parsed as raw JSON.
+- The watch asks for bookmarks and resumes from the last resourceVersion it saw.
+- ``410 Gone`` (as an HTTP answer or a watch ERROR event) means our resourceVersion is too old:
+  we relist.
+- Errors back off exponentially with full jitter, capped, and reset after success.
+
+Sync state, which gates ``/metrics``: the cache is *synced* once a list has completed, and stays
+synced while the watch is healthy. When the watch breaks, the cache still serves what it has for
+``stale_after`` seconds (a reconnect normally takes milliseconds); past that it is out of sync
+until a watch is established again or a relist succeeds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import urllib3
+
+from otel_dra.kube.client import ApiError, KubeClient
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ResourceType:
+    """A listable resource, e.g. ``ResourceType("resourceclaims", "resource.k8s.io/v1")``."""
+
+    plural: str
+    group_version: str
+
+    @property
+    def path(self) -> str:
+        prefix = "/api/" if "/" not in self.group_version else "/apis/"
+        return f"{prefix}{self.group_version}/{self.plural}"
+
+
+class Handler(Protocol):
+    """Receives the objects. Called from the reflector thread only; must not raise."""
+
+    def replace(self, objects: list[dict[str, Any]]) -> None: ...
+    def upsert(self, obj: dict[str, Any]) -> None: ...
+    def delete(self, obj: dict[str, Any]) -> None: ...
+
+
+class ReflectorEvents(Protocol):
+    """Self-metric hooks."""
+
+    def watch_event(self, resource: str, event_type: str) -> None: ...
+    def relist(self, resource: str, reason: str) -> None: ...
+    def list_error(self, resource: str, status: int) -> None: ...
+    def watch_error(self, resource: str, status: int) -> None: ...
+
+
+class _Gone(Exception):
+    """Our resourceVersion is too old: relist."""
+
+
+@dataclass
+class SyncState:
+    synced: bool
+    has_synced: bool
+    last_sync: float | None  # wall-clock time of the last list or watch progress
+    error: str | None
+
+
+class Reflector:
+    def __init__(
+        self,
+        client: KubeClient,
+        resource: ResourceType,
+        handler: Handler,
+        *,
+        events: ReflectorEvents | None = None,
+        page_size: int = 500,
+        stale_after: float = 30.0,
+        watch_timeout: tuple[int, int] = (240, 420),
+        backoff: tuple[float, float] = (0.5, 30.0),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.resource = resource
+        self.handler = handler
+        self.events = events
+        self.page_size = page_size
+        self.stale_after = stale_after
+        self.watch_timeout = watch_timeout
+        self.backoff = backoff
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._has_synced = False
+        self._broken_since: float | None = None
+        self._last_sync_wall: float | None = None
+        self._error: str | None = None
+        self._logged_error: str | None = None
+        self._stop = threading.Event()
+        self._response: urllib3.BaseHTTPResponse | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- state -----------------------------------------------------------------------------
+    def state(self) -> SyncState:
+        with self._lock:
+            synced = self._has_synced and (
+                self._broken_since is None or self._clock() - self._broken_since < self.stale_after
+            )
+            return SyncState(synced, self._has_synced, self._last_sync_wall, self._error)
+
+    def _progress(self) -> None:
+        with self._lock:
+            self._broken_since = None
+            self._last_sync_wall = time.time()
+            if self._error is not None:
+                log.info("%s: recovered", self.resource.plural)
+            self._error = None
+            self._logged_error = None
+
+    def _failed(self, message: str) -> None:
+        with self._lock:
+            if self._broken_since is None:
+                self._broken_since = self._clock()
+            self._error = message
+            repeat = message == self._logged_error
+            self._logged_error = message
+        # The same error over and over (API server down for minutes) is logged once.
+        log.log(logging.DEBUG if repeat else logging.ERROR, "%s: %s", self.resource.plural, message)
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def start(self) -> Reflector:
+        self._thread = threading.Thread(target=self.run, name=f"reflector-{self.resource.plural}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        resp = self._response
+        if resp is not None:
+            try:
+                resp.shutdown()  # unblocks a read in progress
+            except Exception:
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def run(self) -> None:
+        delay = self.backoff[0]
+        resource_version: str | None = None
+        relist_reason = "initial"
+        while not self._stop.is_set():
+            try:
+                if resource_version is None:
+                    if relist_reason != "initial" and self.events:
+                        self.events.relist(self.resource.plural, relist_reason)
+                    resource_version = self._list()
+                    self._progress()
+                    delay = self.backoff[0]
+                resource_version = self._watch(resource_version)
+                delay = self.backoff[0]
+                continue  # a watch that timed out normally: reconnect at once
+            except _Gone:
+                log.info("%s: resourceVersion %s expired, relisting", self.resource.plural, resource_version)
+                resource_version, relist_reason = None, "expired"
+                continue
+            except ApiError as exc:
+                if self._stop.is_set():
+                    break
+                self._failed(self._describe(exc))
+            except Exception as exc:  # a bug or a malformed stream must not kill the thread
+                if self._stop.is_set():
+                    break
+                log.exception("%s: unexpected error", self.resource.plural)
+                self._failed(f"unexpected error: {exc}")
+                resource_version, relist_reason = None, "error"
+            # Full jitter: spreads reconnects of many replicas after an API server restart.
+            self._stop.wait(random.uniform(0, delay))
+            delay = min(delay * 2, self.backoff[1])
+
+    def _describe(self, exc: ApiError) -> str:
+        if exc.status == 403:
+            return (
+                f"forbidden: {exc.message} -- the exporter needs list and watch on "
+                f"{self.resource.plural}.{self.resource.group_version.split('/')[0]}"
+            )
+        if exc.status == 401:
+            return f"unauthorized: {exc.message} -- check the credentials"
+        if exc.status == 0:
+            return f"API server unreachable: {exc.message}"
+        return str(exc)
+
+    # --- list --------------------------------------------------------------------------------
+    def _list(self) -> str:
+        objects: list[dict[str, Any]] = []
+        token: str | None = None
+        resource_version = ""
+        try:
+            while True:
+                query: dict[str, str | int] = {"limit": self.page_size}
+                if token:
+                    query["continue"] = token
+                page = self.client.get_json(self.resource.path, query)
+                meta = page.get("metadata") or {}
+                if not resource_version:
+                    resource_version = str(meta.get("resourceVersion", ""))
+                items = page.get("items") or []
+                if isinstance(items, list):
+                    objects.extend(item for item in items if isinstance(item, dict))
+                token = meta.get("continue") or None
+                if not token:
+                    break
+        except ApiError as exc:
+            if self.events:
+                self.events.list_error(self.resource.plural, exc.status)
+            if exc.status == 410:  # the continue token expired mid-list: start over
+                raise _Gone() from exc
+            raise ApiError(exc.status, f"list failed: {exc.message}", exc.body) from exc
+        except ValueError as exc:
+            if self.events:
+                self.events.list_error(self.resource.plural, 200)
+            raise ApiError(200, f"list answered malformed JSON: {exc}") from exc
+        self.handler.replace(objects)
+        log.info("%s: listed %d objects at resourceVersion %s", self.resource.plural, len(objects), resource_version)
+        return resource_version
+
+    # --- watch -------------------------------------------------------------------------------
+    def _watch(self, resource_version: str) -> str:
+        timeout = random.randint(*self.watch_timeout)
+        query: dict[str, str | int] = {
+            "watch": "1",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": resource_version,
+            "timeoutSeconds": timeout,
+        }
+        try:
+            resp = self.client.request(
+                "GET", self.resource.path, query=query, stream=True, timeout=(10.0, timeout + 30.0)
+            )
+        except ApiError as exc:
+            if self.events:
+                self.events.watch_error(self.resource.plural, exc.status)
+            if exc.status == 410:
+                raise _Gone() from exc
+            raise ApiError(exc.status, f"watch failed: {exc.message}", exc.body) from exc
+        self._response = resp
+        self._progress()
+        try:
+            for line in _lines(resp):
+                event = json.loads(line)
+                kind = event.get("type")
+                obj = event.get("object") or {}
+                if kind == "ERROR":
+                    code = obj.get("code")
+                    if self.events:
+                        self.events.watch_error(self.resource.plural, int(code or 0))
+                    if code == 410:
+                        raise _Gone()
+                    raise ApiError(int(code or 0), f"watch error event: {obj.get('message', obj)}")
+                if self.events:
+                    self.events.watch_event(self.resource.plural, str(kind))
+                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                if kind in ("ADDED", "MODIFIED"):
+                    self.handler.upsert(obj)
+                elif kind == "DELETED":
+                    self.handler.delete(obj)
+                elif kind != "BOOKMARK":
+                    log.warning("%s: ignoring watch event of type %r", self.resource.plural, kind)
+                    continue
+                if rv:
+                    resource_version = str(rv)
+                with self._lock:
+                    self._last_sync_wall = time.time()
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            if self._stop.is_set():
+                return resource_version
+            if self.events:
+                self.events.watch_error(self.resource.plural, 0)
+            raise ApiError(0, f"watch connection lost: {exc}") from exc
+        finally:
+            self._response = None
+            resp.release_conn()
+        return resource_version
+
+
+def _lines(resp: urllib3.BaseHTTPResponse) -> Iterator[bytes]:
+    """Newline-delimited watch events from a streamed response."""
+    buffer = b""
+    for chunk in resp.stream(64 * 1024):
+        buffer += chunk
+        if b"\n" not in buffer:
+            continue
+        *complete, buffer = buffer.split(b"\n")
+        for line in complete:
+            if line.strip():
+                yield line
+    if buffer.strip():
+        yield buffer

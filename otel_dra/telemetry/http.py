@@ -1,0 +1,119 @@
+"""The metrics HTTP server: ``/metrics``, ``/healthz``, ``/readyz``.
+
+It is told *what* to serve through callables and knows nothing about where the data comes from.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from otel_dra.telemetry.exposition import (
+    OPENMETRICS_CONTENT_TYPE,
+    TEXT_CONTENT_TYPE,
+    maybe_gzip,
+    negotiate,
+)
+
+log = logging.getLogger(__name__)
+
+
+class NotReady(Exception):
+    """Raised by a scrape source to answer 500 with no partial data."""
+
+
+@dataclass
+class Endpoints:
+    """``scrape(openmetrics)`` returns the body or raises :class:`NotReady`;
+    ``ready()`` returns None when ready, else the reason."""
+
+    scrape: Callable[[bool], bytes]
+    ready: Callable[[], str | None]
+    on_scrape: Callable[[float, bool], None] | None = None  # (seconds, ok)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    endpoints: Endpoints
+    server_version = "otel-dra"
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+        log.debug("http: " + format, *args)
+
+    def _send(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+        gzipped = False
+        if len(body) > 1024:
+            body, gzipped = maybe_gzip(body, self.headers.get("Accept-Encoding"))
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        if gzipped:
+            self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._metrics()
+        elif path in ("/healthz", "/livez"):
+            self._send(200, b"ok\n")
+        elif path == "/readyz":
+            reason = self.endpoints.ready()
+            if reason is None:
+                self._send(200, b"ok\n")
+            else:
+                self._send(503, f"not ready: {reason}\n".encode())
+        elif path == "/":
+            self._send(200, b"otel-dra: see /metrics, /healthz, /readyz\n")
+        else:
+            self._send(404, b"not found\n")
+
+    def _metrics(self) -> None:
+        openmetrics = negotiate(self.headers.get("Accept"))
+        start = time.perf_counter()
+        ok = False
+        try:
+            body = self.endpoints.scrape(openmetrics)
+            ok = True
+        except NotReady as exc:
+            self._send(500, f"metrics unavailable: {exc}\n".encode())
+            return
+        except Exception as exc:  # never a partial scrape: any failure is a 500
+            log.exception("scrape failed")
+            self._send(500, f"metrics unavailable: internal error: {exc}\n".encode())
+            return
+        finally:
+            if self.endpoints.on_scrape is not None:
+                self.endpoints.on_scrape(time.perf_counter() - start, ok)
+        self._send(200, body, OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE)
+
+
+class MetricsServer:
+    """A threaded HTTP server on ``address:port`` (port 0 picks a free one)."""
+
+    def __init__(self, endpoints: Endpoints, address: str = "", port: int = 8080) -> None:
+        handler = type("Handler", (_Handler,), {"endpoints": endpoints})
+        self._server = ThreadingHTTPServer((address, port), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> MetricsServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

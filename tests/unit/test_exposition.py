@@ -1,0 +1,89 @@
+"""The pre-rendered exposition must equal what the OTel SDK's Prometheus reader would produce."""
+
+from __future__ import annotations
+
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.metrics import Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+from otel_dra.cluster import deviceclass, resourceclaim, resourceslice
+from otel_dra.cluster.store import ObjectStore
+from otel_dra.fixtures import sample_objects
+from otel_dra.telemetry.exposition import assemble
+from otel_dra.telemetry.naming import prometheus_name
+
+
+def _stores():
+    stores = [
+        ObjectStore("resourceclaims", resourceclaim.parse, resourceclaim.FAMILIES),
+        ObjectStore("resourceslices", resourceslice.parse, resourceslice.FAMILIES),
+        ObjectStore("deviceclasses", deviceclass.parse, deviceclass.FAMILIES),
+    ]
+    kinds = {"ResourceClaim": stores[0], "ResourceSlice": stores[1], "DeviceClass": stores[2]}
+    for i, obj in enumerate(sample_objects()):
+        if obj["kind"] in kinds:
+            obj["metadata"]["resourceVersion"] = str(i + 1)
+            kinds[obj["kind"]].upsert(obj)
+    return stores
+
+
+def _sdk_render(stores, openmetrics: bool) -> bytes:
+    registry = CollectorRegistry()
+    reader = PrometheusMetricReader(disable_target_info=True, scope_info_enabled=False, registry=registry)
+    provider = MeterProvider(metric_readers=[reader])
+    meter = provider.get_meter("test")
+    for store in stores:
+        for fam in store.families:
+            keys = fam.gauge.labels
+
+            def callback(options, store=store, fam=fam, keys=keys):
+                objs = sorted(store.objects(), key=lambda o: (getattr(o, "namespace", ""), o.name))
+                for obj in objs:
+                    for values, value in fam.samples(obj):
+                        yield Observation(value, dict(zip(keys, values, strict=True)))
+
+            meter.create_observable_gauge(fam.gauge.name, [callback], fam.gauge.unit, fam.gauge.description)
+    try:
+        return generate_openmetrics(registry) if openmetrics else generate_latest(registry)
+    finally:
+        provider.shutdown()
+
+
+def test_fast_path_equals_sdk_reader_text_and_openmetrics():
+    stores = _stores()
+    blocks = [b for s in stores for b in s.blocks()]
+    assert all(lines for _, lines in blocks), "every family must have samples in the fixture"
+    for openmetrics in (False, True):
+        ours = assemble(CollectorRegistry(), blocks, openmetrics)
+        assert ours == _sdk_render(stores, openmetrics)
+
+
+def test_names_match_sdk_translation():
+    names = {fam.prom_name for mod in (resourceclaim, resourceslice, deviceclass) for fam in mod.FAMILIES}
+    assert names == {
+        "kube_resourceclaim_status_allocated_device",
+        "kube_resourceclaim_status_reserved_for_pod",
+        "kube_resourceclaim_status_reserved_total",
+        "kube_resourceslice_device_capacity_memory_bytes",
+        "kube_resourceslice_device_capacity_multiprocessors",
+        "kube_resourceslice_device_capacity_decoders",
+        "kube_deviceclass_hourly_cost",
+    }
+
+
+def test_naming_rules():
+    assert prometheus_name("otel_dra.watch.events", "{event}", counter=True) == "otel_dra_watch_events_total"
+    assert prometheus_name("x.duration", "s") == "x_duration_seconds"
+    assert prometheus_name("x_bytes", "By") == "x_bytes"
+    assert prometheus_name("x_total", "1", counter=True) == "x_total"
+    assert prometheus_name("rate", "By/s") == "rate_bytes_per_second"
+    assert prometheus_name("9lives", "") == "_lives"
+
+
+def test_label_values_are_escaped():
+    from otel_dra.telemetry.exposition import GaugeFamily
+
+    fam = GaugeFamily("g", "", "help", ("b", "a"))
+    assert fam.render([(('x"y', "back\\slash\nnl"), 1.5)]) == b'g{a="back\\\\slash\\nnl",b="x\\"y"} 1.5\n'
