@@ -60,7 +60,7 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (true/false)")
 
 
-def _add(parser: argparse.ArgumentParser, flag: str, env: str, help: str, **kwargs: Any) -> None:  # noqa: A002
+def _add(parser: argparse.ArgumentParser, flag: str, env: str, help: str, **kwargs: Any) -> None:
     default = kwargs.pop("default", None)
     raw = os.environ.get(env)
     if raw is not None:

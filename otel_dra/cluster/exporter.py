@@ -40,10 +40,14 @@ class _SelfMetrics:
             "otel_dra.relists", "{relist}", "Full relists after the initial one, by resource and reason."
         )
         self.list_errors = meter.create_counter(
-            "otel_dra.list.errors", "{error}", "Failed list requests, by resource and HTTP code (0: no answer)."
+            "otel_dra.list.errors",
+            "{error}",
+            "Failed list requests, by resource and HTTP code (0: no answer).",
         )
         self.watch_errors = meter.create_counter(
-            "otel_dra.watch.errors", "{error}", "Failed or broken watches, by resource and HTTP code (0: no answer)."
+            "otel_dra.watch.errors",
+            "{error}",
+            "Failed or broken watches, by resource and HTTP code (0: no answer).",
         )
         self.invalid = meter.create_counter(
             "otel_dra.objects.invalid",
@@ -101,7 +105,10 @@ class ClusterState:
         ]
         meter = meter_provider.get_meter(SCOPE, __version__)
         meter.create_observable_gauge(
-            "otel_dra.cache.objects", [self._observe_objects], "{object}", "Objects held in the cache, by resource."
+            "otel_dra.cache.objects",
+            [self._observe_objects],
+            "{object}",
+            "Objects held in the cache, by resource.",
         )
         meter.create_observable_gauge(
             "otel_dra.cache.synced",

@@ -39,15 +39,14 @@ def parse(obj: dict[str, Any], report: Callable[[str], None]) -> Claim:
         report("status.allocation.devices.results is not a list")
         results = []
     for i, result in enumerate(results):
-        key = (
-            _str(result.get("driver")),
-            _str(result.get("pool")),
-            _str(result.get("device")),
-        ) if isinstance(result, dict) else (None, None, None)
-        if None in key:
+        if not isinstance(result, dict):
+            result = {}
+        driver, pool, device = (_str(result.get(k)) for k in ("driver", "pool", "device"))
+        if driver is None or pool is None or device is None:
             report(f"status.allocation.devices.results[{i}] lacks driver/pool/device; skipped")
             continue
-        counts[key] = counts.get(key, 0) + 1  # type: ignore[index]
+        key = (driver, pool, device)
+        counts[key] = counts.get(key, 0) + 1
     pods: list[tuple[str, str]] = []
     reserved = status.get("reservedFor") or []
     if not isinstance(reserved, list):
@@ -61,7 +60,7 @@ def parse(obj: dict[str, Any], report: Callable[[str], None]) -> Claim:
     return Claim(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
-        allocated=tuple(counts.items()),  # type: ignore[arg-type]
+        allocated=tuple(counts.items()),
         pods=tuple(pods),
     )
 

@@ -93,7 +93,16 @@ def parse(obj: dict[str, Any], report: Callable[[str], None]) -> Slice:
     )
 
 
-LABELS = ("resourceslice_name", "device_name", "driver", "pool", "node_name", "type", "product_name", "parent_uuid")
+LABELS = (
+    "resourceslice_name",
+    "device_name",
+    "driver",
+    "pool",
+    "node_name",
+    "type",
+    "product_name",
+    "parent_uuid",
+)
 
 
 def _capacity(index: int) -> Callable[[Slice], Iterable[Sample]]:
@@ -101,7 +110,10 @@ def _capacity(index: int) -> Callable[[Slice], Iterable[Sample]]:
         for d in s.devices:
             value = d.capacity[index]
             if value is not None:
-                yield (s.name, d.name, s.driver, s.pool, d.node_name, d.type, d.product_name, d.parent_uuid), value
+                yield (
+                    (s.name, d.name, s.driver, s.pool, d.node_name, d.type, d.product_name, d.parent_uuid),
+                    value,
+                )
 
     return samples
 

@@ -108,7 +108,9 @@ class ObjectStore(Generic[T]):
             key = object_key(obj)
             rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
             current = old.get(key)
-            fresh[key] = current if current is not None and rv and current.resource_version == rv else self._build(key, obj)
+            fresh[key] = (
+                current if current is not None and rv and current.resource_version == rv else self._build(key, obj)
+            )
         with self._lock:
             self._entries = fresh
             self._sorted_keys = None

@@ -103,7 +103,8 @@ def load_credentials(kubeconfig: str | None = None, env: Mapping[str, str] | Non
     def auth_headers() -> dict[str, str]:
         headers: dict[str, str] = {}
         # auth_settings() also runs the refresh hook (exec plugins, rotated in-cluster tokens).
-        for setting in cfg.auth_settings().values():
+        settings: dict[str, Any] = dict(cfg.auth_settings())
+        for setting in settings.values():
             if setting.get("in") == "header" and setting.get("value"):
                 headers[setting["key"]] = setting["value"]
         return headers

@@ -14,6 +14,7 @@ until a watch is established again or a relist succeeds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -142,10 +143,8 @@ class Reflector:
         self._stop.set()
         resp = self._response
         if resp is not None:
-            try:
+            with contextlib.suppress(Exception):
                 resp.shutdown()  # unblocks a read in progress
-            except Exception:
-                pass
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -225,7 +224,12 @@ class Reflector:
                 self.events.list_error(self.resource.plural, 200)
             raise ApiError(200, f"list answered malformed JSON: {exc}") from exc
         self.handler.replace(objects)
-        log.info("%s: listed %d objects at resourceVersion %s", self.resource.plural, len(objects), resource_version)
+        log.info(
+            "%s: listed %d objects at resourceVersion %s",
+            self.resource.plural,
+            len(objects),
+            resource_version,
+        )
         return resource_version
 
     # --- watch -------------------------------------------------------------------------------

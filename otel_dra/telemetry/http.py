@@ -41,7 +41,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "otel-dra"
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: object) -> None:
         log.debug("http: " + format, *args)
 
     def _send(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:

@@ -139,14 +139,10 @@ def build_metrics_pipeline(
         def periodic() -> PeriodicExportingMetricReader:
             # One exporter per reader: exporters are not meant to be shared.
             assert factory is not None
-            return PeriodicExportingMetricReader(
-                factory(), interval, timeout, cardinality_limits=NO_CARDINALITY_CAP
-            )
+            return PeriodicExportingMetricReader(factory(), interval, timeout, cardinality_limits=NO_CARDINALITY_CAP)
 
         readers.append(periodic())
-        push_provider = MeterProvider(
-            metric_readers=[periodic()], resource=resource, shutdown_on_exit=False
-        )
+        push_provider = MeterProvider(metric_readers=[periodic()], resource=resource, shutdown_on_exit=False)
     provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
     return MetricsPipeline(
         resource=resource,

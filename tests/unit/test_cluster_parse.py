@@ -14,8 +14,15 @@ def _samples(module, obj):
 def test_node_name_resolution():
     base = {"metadata": {"name": "s"}, "spec": {"driver": "d", "pool": {"name": "p"}}}
     dev = {"name": "x", "capacity": {"memory": {"value": "1Gi"}}}
-    per_device = {**base, "spec": {**base["spec"], "perDeviceNodeSelection": True, "nodeName": "ignored",
-                                   "devices": [{**dev, "nodeName": "n1"}, {**dev, "name": "y", "allNodes": True}]}}
+    per_device = {
+        **base,
+        "spec": {
+            **base["spec"],
+            "perDeviceNodeSelection": True,
+            "nodeName": "ignored",
+            "devices": [{**dev, "nodeName": "n1"}, {**dev, "name": "y", "allNodes": True}],
+        },
+    }
     out = _samples(resourceslice, per_device)["kube_resourceslice_device_capacity_memory_bytes"]
     assert [labels[4] for labels, _ in out] == ["n1", ""]
     plain = {**base, "spec": {**base["spec"], "nodeName": "n2", "devices": [dev]}}
@@ -26,25 +33,45 @@ def test_node_name_resolution():
 
 
 def test_non_string_attributes_give_empty_labels():
-    obj = {"metadata": {"name": "s"}, "spec": {"driver": "d", "pool": {"name": "p"}, "nodeName": "n", "devices": [
-        {"name": "x", "attributes": {"type": {"int": 3}, "productName": {"string": "P"}},
-         "capacity": {"decoders": {"value": "7"}}}]}}
+    obj = {
+        "metadata": {"name": "s"},
+        "spec": {
+            "driver": "d",
+            "pool": {"name": "p"},
+            "nodeName": "n",
+            "devices": [
+                {
+                    "name": "x",
+                    "attributes": {"type": {"int": 3}, "productName": {"string": "P"}},
+                    "capacity": {"decoders": {"value": "7"}},
+                }
+            ],
+        },
+    }
     [(labels, value)] = _samples(resourceslice, obj)["kube_resourceslice_device_capacity_decoders"]
     assert labels == ("s", "x", "d", "p", "n", "", "P", "") and value == 7.0
 
 
 def test_claim_pods_only_and_duplicate_results_merge():
-    obj = {"metadata": {"name": "c", "namespace": "ns"}, "status": {
-        "allocation": {"devices": {"results": [
-            {"driver": "d", "pool": "p", "device": "x", "shareID": "a"},
-            {"driver": "d", "pool": "p", "device": "x", "shareID": "b"},
-            {"driver": "d", "pool": "p"},
-        ]}},
-        "reservedFor": [
-            {"resource": "pods", "name": "pod", "uid": "u1"},
-            {"apiGroup": "batch", "resource": "jobs", "name": "job", "uid": "u2"},
-            {"apiGroup": "example.com", "resource": "pods", "name": "notapod", "uid": "u3"},
-        ]}}
+    obj = {
+        "metadata": {"name": "c", "namespace": "ns"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"driver": "d", "pool": "p", "device": "x", "shareID": "a"},
+                        {"driver": "d", "pool": "p", "device": "x", "shareID": "b"},
+                        {"driver": "d", "pool": "p"},
+                    ]
+                }
+            },
+            "reservedFor": [
+                {"resource": "pods", "name": "pod", "uid": "u1"},
+                {"apiGroup": "batch", "resource": "jobs", "name": "job", "uid": "u2"},
+                {"apiGroup": "example.com", "resource": "pods", "name": "notapod", "uid": "u3"},
+            ],
+        },
+    }
     out = _samples(resourceclaim, obj)
     assert out["kube_resourceclaim_status_allocated_device"] == [(("c", "ns", "p", "x", "d"), 2.0)]
     assert out["kube_resourceclaim_status_reserved_for_pod"] == [(("c", "ns", "pod", "u1"), 1.0)]
@@ -74,16 +101,29 @@ def test_invalid_cost_logged_once_per_change_and_omitted(caplog):
 
 def test_malformed_object_does_not_break_others():
     store = ObjectStore("resourceslices", resourceslice.parse, resourceslice.FAMILIES)
-    good = {"metadata": {"name": "good", "resourceVersion": "1"}, "spec": {
-        "driver": "d", "pool": {"name": "p"}, "nodeName": "n",
-        "devices": [{"name": "x", "capacity": {"memory": {"value": "1Ki"}}}, "garbage",
-                    {"name": "y", "capacity": {"memory": {"value": "lots"}}}]}}
+    good = {
+        "metadata": {"name": "good", "resourceVersion": "1"},
+        "spec": {
+            "driver": "d",
+            "pool": {"name": "p"},
+            "nodeName": "n",
+            "devices": [
+                {"name": "x", "capacity": {"memory": {"value": "1Ki"}}},
+                "garbage",
+                {"name": "y", "capacity": {"memory": {"value": "lots"}}},
+            ],
+        },
+    }
     bad = {"metadata": {"name": "bad", "resourceVersion": "1"}, "spec": "not-an-object"}
     store.replace([good, bad])
     assert len(store) == 2
-    memory = dict((f.prom_name, lines) for f, lines in store.blocks())["kube_resourceslice_device_capacity_memory_bytes"]
-    assert memory == (b'kube_resourceslice_device_capacity_memory_bytes{device_name="x",driver="d",node_name="n",'
-                      b'parent_uuid="",pool="p",product_name="",resourceslice_name="good",type=""} 1024.0\n')
+    memory = dict((f.prom_name, lines) for f, lines in store.blocks())[
+        "kube_resourceslice_device_capacity_memory_bytes"
+    ]
+    assert memory == (
+        b'kube_resourceslice_device_capacity_memory_bytes{device_name="x",driver="d",node_name="n",'
+        b'parent_uuid="",pool="p",product_name="",resourceslice_name="good",type=""} 1024.0\n'
+    )
 
 
 def test_store_orders_by_key_and_forgets_deleted():

@@ -69,7 +69,10 @@ def test_otlp_env_parsing():
     assert cfg is not None and cfg.protocol == "http/protobuf"
     cfg = otlp_config(
         "metrics",
-        {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "grpc"},
+        {
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://c:4317",
+            "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "grpc",
+        },
     )
     assert cfg is not None and cfg.protocol == "grpc"
     with pytest.raises(ConfigError, match="http/json"):

@@ -36,9 +36,7 @@ def test_invalid_quantities(text):
         parse_quantity(text)
 
 
-@pytest.mark.parametrize(
-    ("raw", "value"), [("2.50", 2.5), ("0", 0.0), ("10", 10.0), ("  3.25 ", 3.25), ("007", 7.0)]
-)
+@pytest.mark.parametrize(("raw", "value"), [("2.50", 2.5), ("0", 0.0), ("10", 10.0), ("  3.25 ", 3.25), ("007", 7.0)])
 def test_valid_costs(raw, value):
     assert parse_cost(raw) == value
 

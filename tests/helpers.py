@@ -1,0 +1,69 @@
+"""Small helpers shared by the integration tests."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+SEED_FAMILIES = (
+    "kube_resourceclaim_status_allocated_device",
+    "kube_resourceclaim_status_reserved_for_pod",
+    "kube_resourceclaim_status_reserved_total",
+    "kube_resourceslice_device_capacity_memory_bytes",
+    "kube_resourceslice_device_capacity_multiprocessors",
+    "kube_resourceslice_device_capacity_decoders",
+    "kube_deviceclass_hourly_cost",
+)
+
+
+def http_get(url: str, headers: dict[str, str] | None = None, timeout: float = 10) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def scrape(port: int, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    code, body = http_get(f"http://127.0.0.1:{port}/metrics", headers)
+    return code, body.decode()
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.1, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}; last value: {last!r}")
+
+
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})? (?P<value>\S+)$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    out = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        assert m, f"unparseable exposition line: {line!r}"
+        labels = dict(_LABEL.findall(m["labels"] or ""))
+        out.append((m["name"], labels, float(m["value"])))
+    return out
+
+
+def family_block(text: str, name: str) -> str:
+    """The HELP/TYPE lines and samples of one family, as served."""
+    lines = text.splitlines()
+    out = [line for line in lines if line.startswith((f"# HELP {name} ", f"# TYPE {name} ", f"# UNIT {name} "))]
+    out += [line for line in lines if line.startswith((name + "{", name + " "))]
+    return "\n".join(out) + "\n"

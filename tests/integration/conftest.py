@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from otel_dra.cli import ExporterApp, start_exporter
+from otel_dra.kube.client import KubeClient, load_credentials
+
+
+@pytest.fixture
+def start_exporter_app() -> Iterator[Callable[..., ExporterApp]]:
+    """Start in-process exporters (on free ports) that are stopped after the test."""
+    apps: list[ExporterApp] = []
+
+    def start(kubeconfig: str, **kwargs: Any) -> ExporterApp:
+        kwargs.setdefault("address", "127.0.0.1")
+        kwargs.setdefault("port", 0)
+        app = start_exporter(kubeconfig=kubeconfig, **kwargs)
+        apps.append(app)
+        return app
+
+    yield start
+    for app in apps:
+        app.stop()
+
+
+@pytest.fixture(scope="session")
+def admin_client(testbed: Any) -> KubeClient:
+    return KubeClient(load_credentials(str(testbed.kubeconfig)))

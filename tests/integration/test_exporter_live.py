@@ -1,0 +1,364 @@
+"""The exporter against a real kube-apiserver: live changes, outage, RBAC, OTLP push, the CLI."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from otel_dra.fixtures import create, object_path
+from tests.helpers import SEED_FAMILIES, http_get, parse_samples, scrape, wait_until
+from tests.otlp_receiver import OtlpReceiver
+
+
+def _series(port: int, name: str, **match: str) -> list[tuple[dict[str, str], float]]:
+    code, text = scrape(port)
+    assert code == 200, text
+    return [
+        (labels, value)
+        for n, labels, value in parse_samples(text)
+        if n == name and all(labels.get(k) == v for k, v in match.items())
+    ]
+
+
+def _claim(name: str, namespace: str, device: str | None = None, pods: tuple[str, ...] = ()) -> dict:
+    obj: dict = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "live.example.com"}}]}},
+    }
+    if device:
+        obj["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": "live.example.com",
+                            "pool": "live-pool",
+                            "device": device,
+                        }
+                    ]
+                }
+            },
+            "reservedFor": [
+                {"resource": "pods", "name": p, "uid": f"00000000-0000-4000-8000-{i:012d}"} for i, p in enumerate(pods)
+            ],
+        }
+    return obj
+
+
+def test_live_changes(testbed, admin_client, start_exporter_app):
+    admin_client.send_json("POST", "/api/v1/namespaces", {"metadata": {"name": "live"}})
+    app = start_exporter_app(str(testbed.kubeconfig))
+    wait_until(lambda: app.state.not_synced() is None, what="sync")
+    total = "kube_resourceclaim_status_reserved_total"
+
+    # create: a pending claim appears with 0 reservations
+    create(admin_client, _claim("c1", "live"))
+    wait_until(
+        lambda: (
+            _series(app.port, total, resourceclaim_name="c1")
+            == [({"resourceclaim_name": "c1", "namespace": "live"}, 0.0)]
+        ),
+        what="c1 pending",
+    )
+
+    # modify: allocate it and reserve it for a pod
+    path = object_path(_claim("c1", "live")) + "/status"
+    current = admin_client.get_json(object_path(_claim("c1", "live")))
+    current["status"] = _claim("c1", "live", "dev-0", ("pod-a",))["status"]
+    admin_client.send_json("PUT", path, current)
+    wait_until(
+        lambda: (
+            _series(app.port, total, resourceclaim_name="c1")
+            and _series(app.port, total, resourceclaim_name="c1")[0][1] == 1.0
+        ),
+        what="c1 reserved",
+    )
+    assert _series(app.port, "kube_resourceclaim_status_allocated_device", resourceclaim_name="c1") == [
+        (
+            {
+                "resourceclaim_name": "c1",
+                "namespace": "live",
+                "pool": "live-pool",
+                "device_name": "dev-0",
+                "driver": "live.example.com",
+            },
+            1.0,
+        )
+    ]
+    assert [
+        s[0]["pod_name"]
+        for s in _series(app.port, "kube_resourceclaim_status_reserved_for_pod", resourceclaim_name="c1")
+    ] == ["pod-a"]
+
+    # a DeviceClass whose cost changes from valid to invalid loses its series
+    dc = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "live.example.com", "annotations": {"hourly-cost": "3.5"}},
+        "spec": {},
+    }
+    create(admin_client, dc)
+    wait_until(
+        lambda: (
+            _series(app.port, "kube_deviceclass_hourly_cost", deviceclass_name="live.example.com")
+            == [({"deviceclass_name": "live.example.com"}, 3.5)]
+        ),
+        what="cost",
+    )
+    admin_client.send_json(
+        "PATCH",
+        object_path(dc),
+        {"metadata": {"annotations": {"hourly-cost": "3,5"}}},
+        content_type="application/merge-patch+json",
+    )
+    wait_until(
+        lambda: _series(app.port, "kube_deviceclass_hourly_cost", deviceclass_name="live.example.com") == [],
+        what="invalid cost omitted",
+    )
+
+    # a slice: create, then delete -- its series vanish
+    rs = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "live-slice"},
+        "spec": {
+            "driver": "live.example.com",
+            "nodeName": "live-node",
+            "pool": {"name": "live-pool", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "dev-0", "capacity": {"memory": {"value": "4Gi"}, "decoders": {"value": "2"}}}],
+        },
+    }
+    create(admin_client, rs)
+    mem = "kube_resourceslice_device_capacity_memory_bytes"
+    wait_until(
+        lambda: [v for _, v in _series(app.port, mem, resourceslice_name="live-slice")] == [4 * 2**30],
+        what="slice",
+    )
+    admin_client.request("DELETE", object_path(rs))
+    admin_client.request("DELETE", object_path(_claim("c1", "live")))
+    admin_client.request("DELETE", object_path(dc))
+    wait_until(
+        lambda: (
+            not _series(app.port, mem, resourceslice_name="live-slice")
+            and not _series(app.port, total, resourceclaim_name="c1")
+        ),
+        what="deleted series to vanish",
+    )
+    _code, text = scrape(app.port)
+    assert "live-slice" not in text and 'resourceclaim_name="c1"' not in text and "live.example.com" not in text
+
+
+def test_api_server_outage(testbed, start_exporter_app):
+    app = start_exporter_app(str(testbed.kubeconfig), stale_after=2.0)
+    wait_until(lambda: app.state.not_synced() is None, what="sync")
+    assert scrape(app.port)[0] == 200
+    testbed.stop_apiserver()
+    try:
+        _code, body = wait_until(
+            lambda: (lambda r: r if r[0] == 500 else None)(scrape(app.port)), timeout=30, what="500"
+        )
+        assert "kube_" not in body  # no partial data
+        assert http_get(f"http://127.0.0.1:{app.port}/healthz")[0] == 200
+        assert http_get(f"http://127.0.0.1:{app.port}/readyz")[0] == 503
+    finally:
+        testbed.start_apiserver()
+    # Recovers by itself (backoff is capped at 30 s; usually it takes a second or two).
+    wait_until(lambda: scrape(app.port)[0] == 200, timeout=60, what="recovery")
+    assert "kube_resourceclaim_status_reserved_total" in scrape(app.port)[1]
+
+
+def _rbac(testbed, name: str, verbs: list[str]) -> str:
+    manifest = f"""
+apiVersion: v1
+kind: Namespace
+metadata: {{name: rbac-test}}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: {name}, namespace: rbac-test}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{name: {name}}}
+rules:
+- apiGroups: [resource.k8s.io]
+  resources: [resourceclaims, resourceslices, deviceclasses]
+  verbs: {verbs}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: {name}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {name}}}
+subjects:
+- {{kind: ServiceAccount, name: {name}, namespace: rbac-test}}
+"""
+    testbed.kubectl("apply", "-f", "-", input=manifest)
+    token = testbed.mint_token("rbac-test", name)
+    return str(testbed.write_kubeconfig(testbed.dir / f"{name}.kubeconfig", token))
+
+
+def test_rbac_list_watch_is_enough(testbed, start_exporter_app):
+    kubeconfig = _rbac(testbed, "exporter-listwatch", '["list", "watch"]')
+    app = start_exporter_app(kubeconfig)
+    wait_until(lambda: app.state.not_synced() is None, timeout=30, what="sync with list+watch only")
+    code, text = scrape(app.port)
+    assert code == 200 and "kube_resourceclaim_status_reserved_total" in text
+
+
+def test_rbac_without_watch_is_a_clear_error_not_a_crash(testbed, tmp_path):
+    kubeconfig = _rbac(testbed, "exporter-listonly", '["list"]')
+    log = tmp_path / "exporter.log"
+    port = _free_port()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "otel_dra",
+                "exporter",
+                "--kubeconfig",
+                kubeconfig,
+                "--port",
+                str(port),
+                "--address",
+                "127.0.0.1",
+                "--stale-after",
+                "1",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_until(
+            lambda: http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200 if _listening(port) else False,
+            what="healthz",
+        )
+        code, body = wait_until(
+            lambda: (lambda r: r if b"forbidden" in r[1] else None)(http_get(f"http://127.0.0.1:{port}/readyz")),
+            timeout=30,
+            what="readyz to say forbidden",
+        )
+        assert code == 503 and b"watch" in body
+        assert scrape(port)[0] == 500
+        time.sleep(3)
+        assert proc.poll() is None, "the exporter must keep running and retrying"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+    text = log.read_text()
+    assert "needs list and watch" in text
+    # Logged once per distinct error, not once per retry.
+    assert text.count("needs list and watch") <= 6, text
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_otlp_push(testbed, admin_client, start_exporter_app, monkeypatch, protocol):
+    from otel_dra.fixtures import apply_all, sample_objects
+
+    apply_all(admin_client, sample_objects())
+    receiver = OtlpReceiver().start()
+    try:
+        port = receiver.grpc_port if protocol == "grpc" else receiver.http_port
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+        monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "500")
+        monkeypatch.setenv("OTEL_SERVICE_NAME", "dra-test")
+        monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "k8s.cluster.name=testbed,deployment.environment=ci")
+        app = start_exporter_app(str(testbed.kubeconfig))
+        wait_until(lambda: app.state.not_synced() is None, what="sync")
+        otel_names = {
+            "kube_resourceslice_device_capacity_memory_bytes": "kube_resourceslice_device_capacity_memory",
+        }
+        wanted = {otel_names.get(n, n) for n in SEED_FAMILIES}
+        assert receiver.wait_for(lambda r: wanted <= set(r.metric_points())), set(receiver.metric_points())
+        points = receiver.metric_points()
+        # Same series over OTLP as over Prometheus.
+        _code, text = scrape(app.port)
+        prom = {(n, tuple(sorted(labels.items())), v) for n, labels, v in parse_samples(text) if n in SEED_FAMILIES}
+        pushed = {
+            (n, tuple(sorted(a.items())), v)
+            for otel, n in ((otel_names.get(n, n), n) for n in SEED_FAMILIES)
+            for a, v in points[otel]
+        }
+        assert pushed == prom
+        assert "otel_dra.watch.events" in points or "otel_dra.cache.objects" in points
+        attrs = receiver.resource_attributes()
+        assert attrs["service.name"] == "dra-test"
+        assert attrs["k8s.cluster.name"] == "testbed"
+    finally:
+        receiver.stop()
+
+
+def test_cli_end_to_end_and_sigterm_flushes_otlp(testbed, tmp_path):
+    receiver = OtlpReceiver().start()
+    port = _free_port()
+    env = dict(
+        os.environ,
+        OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{receiver.grpc_port}",
+        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+        OTEL_METRIC_EXPORT_INTERVAL="600000",
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "otel_dra",
+            "exporter",
+            "--kubeconfig",
+            str(testbed.kubeconfig),
+            "--port",
+            str(port),
+            "--log-format",
+            "json",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        _code, text = wait_until(
+            lambda: (lambda r: r if r[0] == 200 else None)(scrape(port)) if _listening(port) else None,
+            timeout=30,
+            what="first good scrape",
+        )
+        for name in SEED_FAMILIES:
+            assert f"# TYPE {name} gauge" in text
+        assert "target_info{" in text
+        assert not receiver.metrics, "the 10-minute interval has not elapsed yet"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=30)
+    try:
+        assert proc.returncode == 0, output
+        # Shutdown flushed the final state over OTLP.
+        assert "kube_resourceclaim_status_reserved_total" in receiver.metric_points()
+        import json
+
+        lines = [json.loads(line) for line in output.splitlines() if line.strip()]
+        assert any("shutting down" in entry["msg"] for entry in lines)
+    finally:
+        receiver.stop()
