@@ -121,7 +121,7 @@ def load_credentials(kubeconfig: str | None = None, env: Mapping[str, str] | Non
     )
 
 
-# (method, path template, status code or 0, seconds, retry) -> None
+# (method, path, HTTP status or 0 when there was no answer, seconds) -> None
 RequestObserver = Callable[[str, str, int, float], None]
 
 
@@ -134,13 +134,14 @@ class KubeClient:
         *,
         observer: RequestObserver | None = None,
         user_agent: str = "otel-dra",
+        max_connections: int = 8,
     ) -> None:
         self.credentials = credentials
         self.host = credentials.host
         self._observer = observer
         self._user_agent = user_agent
         self._netloc = urlsplit(credentials.host).netloc
-        kwargs: dict[str, Any] = {"maxsize": 8, "retries": False}
+        kwargs: dict[str, Any] = {"maxsize": max_connections, "retries": False}
         if credentials.host.startswith("https"):
             kwargs["cert_reqs"] = "CERT_REQUIRED" if credentials.verify else "CERT_NONE"
             if credentials.ca_file:

@@ -1,0 +1,44 @@
+# otel-dra developer entry points. Everything installs into .venv from the pinned requirements.lock;
+# the Kubernetes/etcd binaries are built once into ~/.cache/otel-dra (OTEL_DRA_CACHE overrides).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: install peers lint test test-unit run bench ci clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev]'
+	$(BIN)/pip check
+	touch $@
+
+# etcd + kube-apiserver/scheduler/controller-manager/kubectl from Go modules (skipped when cached).
+peers: install
+	$(BIN)/otel-dra testbed build
+
+lint: install
+	$(BIN)/ruff check otel_dra tests bench
+	$(BIN)/ruff format --check otel_dra tests bench
+	$(BIN)/mypy
+
+test-unit: install
+	$(BIN)/pytest -m "not testbed" $(PYTEST_ARGS)
+
+# The whole suite: lint, then unit and integration tests against the real testbed.
+test: lint peers
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The sandbox: a local API server with sample DRA objects and the exporter on :8080.
+run: peers
+	$(BIN)/otel-dra sandbox
+
+bench: peers
+	$(BIN)/python -m bench.exporter --claims 1000 10000 --json docs/bench-results.json
+
+ci: test
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

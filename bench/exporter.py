@@ -1,0 +1,175 @@
+"""Exporter benchmark against a real testbed API server.
+
+    python -m bench.exporter --claims 1000 10000 [--scrapes 30] [--json out.json]
+
+For each size: a fresh testbed, the workload of bench/workload.py loaded with concurrent creates,
+then `otel-dra exporter` started as its own process and measured:
+
+- initial sync: process start -> /readyz 200 (includes interpreter start-up and imports)
+- /metrics latency p50/p95 over K sequential scrapes, plain and with gzip
+- exporter RSS (VmRSS after the scrapes, VmHWM peak)
+- API server requests per scrape: the apiserver's own apiserver_request_total for the
+  resource.k8s.io group (all verbs but WATCH), before vs after the K scrapes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from bench.workload import Workload, load
+from otel_dra.kube.client import KubeClient, load_credentials
+from otel_dra.testbed import find_binaries, running
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    mem_kb = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text())[1])  # type: ignore[index]
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_kb / 2**20, 1),
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except OSError:
+        return 0, b""
+
+
+def api_requests(admin: KubeClient) -> float:
+    text = admin.request("GET", "/metrics").data.decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("apiserver_request_total{") and 'group="resource.k8s.io"' in line:
+            if 'verb="WATCH"' in line:
+                continue
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("VmRSS", "VmHWM")):
+            key, value = line.split(":", 1)
+            out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def timed_scrapes(port: int, count: int, headers: dict[str, str] | None = None) -> tuple[list[float], int]:
+    times, size = [], 0
+    for _ in range(count):
+        start = time.perf_counter()
+        code, body = get(f"http://127.0.0.1:{port}/metrics", headers)
+        times.append(time.perf_counter() - start)
+        assert code == 200, body[:200]
+        size = len(body)
+    return times, size
+
+
+def run_size(claims: int, scrapes: int, workdir: Path, extra_args: list[str]) -> dict[str, Any]:
+    w = Workload(claims=claims)
+    result: dict[str, Any] = {"claims": claims, "slices": w.slices, "devices": w.devices, "classes": w.classes}
+    with running(workdir / f"testbed-{claims}", binaries=find_binaries()) as tb:
+        admin = KubeClient(load_credentials(str(tb.kubeconfig)), max_connections=32)
+        result["load_seconds"] = round(load(admin, w), 1)
+        port = free_port()
+        log = open(workdir / f"exporter-{claims}.log", "w")
+        start = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "otel_dra", "exporter", "--kubeconfig", str(tb.kubeconfig),
+             "--address", "127.0.0.1", "--port", str(port), *extra_args],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        try:
+            while get(f"http://127.0.0.1:{port}/readyz")[0] != 200:
+                if proc.poll() is not None or time.monotonic() - start > 600:
+                    raise RuntimeError(f"exporter did not become ready; see {log.name}")
+                time.sleep(0.05)
+            result["initial_sync_seconds"] = round(time.monotonic() - start, 2)
+            timed_scrapes(port, 2)  # warm-up: the first scrape joins the freshly filled cache
+            before = api_requests(admin)
+            plain, size = timed_scrapes(port, scrapes)
+            gz, gz_size = timed_scrapes(port, scrapes, {"Accept-Encoding": "gzip"})
+            after = api_requests(admin)
+            code, body = get(f"http://127.0.0.1:{port}/metrics")
+            series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+            result.update(
+                {
+                    "series": series,
+                    "expected_seed_series": w.expected_series(),
+                    "body_bytes": size,
+                    "gzip_bytes": gz_size,
+                    "scrape_p50_ms": round(statistics.median(plain) * 1000, 1),
+                    "scrape_p95_ms": round(percentile(plain, 0.95) * 1000, 1),
+                    "gzip_p50_ms": round(statistics.median(gz) * 1000, 1),
+                    "gzip_p95_ms": round(percentile(gz, 0.95) * 1000, 1),
+                    "api_requests_per_scrape": (after - before) / (2 * scrapes),
+                    "rss_mib": round(proc_status(proc.pid)["VmRSS"] / 2**20, 1),
+                    "peak_rss_mib": round(proc_status(proc.pid)["VmHWM"] / 2**20, 1),
+                }
+            )
+        finally:
+            proc.terminate()
+            proc.wait(30)
+            log.close()
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--claims", type=int, nargs="+", default=[1000, 10000])
+    parser.add_argument("--scrapes", type=int, default=30)
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--exporter-arg", action="append", default=[], help="extra exporter flag")
+    args = parser.parse_args()
+    results: dict[str, Any] = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "runs": []}
+    with tempfile.TemporaryDirectory(prefix="otel-dra-bench-") as tmp:
+        for n in args.claims:
+            run = run_size(n, args.scrapes, Path(tmp), args.exporter_arg)
+            print(json.dumps(run), flush=True)
+            results["runs"].append(run)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results["machine"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
