@@ -89,7 +89,7 @@ def proc_status(pid: int) -> dict[str, int]:
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def timed_scrapes(port: int, count: int, headers: dict[str, str] | None = None) -> tuple[list[float], int]:
@@ -110,12 +110,24 @@ def run_size(claims: int, scrapes: int, workdir: Path, extra_args: list[str]) ->
         admin = KubeClient(load_credentials(str(tb.kubeconfig)), max_connections=32)
         result["load_seconds"] = round(load(admin, w), 1)
         port = free_port()
-        log = open(workdir / f"exporter-{claims}.log", "w")
+        log = open(workdir / f"exporter-{claims}.log", "w")  # noqa: SIM115 - closed in finally
         start = time.monotonic()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "otel_dra", "exporter", "--kubeconfig", str(tb.kubeconfig),
-             "--address", "127.0.0.1", "--port", str(port), *extra_args],
-            stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "otel_dra",
+                "exporter",
+                "--kubeconfig",
+                str(tb.kubeconfig),
+                "--address",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                *extra_args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         try:
             while get(f"http://127.0.0.1:{port}/readyz")[0] != 200:
@@ -128,7 +140,7 @@ def run_size(claims: int, scrapes: int, workdir: Path, extra_args: list[str]) ->
             plain, size = timed_scrapes(port, scrapes)
             gz, gz_size = timed_scrapes(port, scrapes, {"Accept-Encoding": "gzip"})
             after = api_requests(admin)
-            code, body = get(f"http://127.0.0.1:{port}/metrics")
+            _code, body = get(f"http://127.0.0.1:{port}/metrics")
             series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
             result.update(
                 {

@@ -119,7 +119,11 @@ def claim(j: int, w: Workload, generation: int = 0) -> dict[str, Any]:
                 }
             },
             "reservedFor": [
-                {"resource": "pods", "name": f"pod-{j:06d}-{generation}", "uid": str(uuid.UUID(int=j * 1000 + generation))}
+                {
+                    "resource": "pods",
+                    "name": f"pod-{j:06d}-{generation}",
+                    "uid": str(uuid.UUID(int=j * 1000 + generation)),
+                }
             ],
         },
     }

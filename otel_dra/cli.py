@@ -135,7 +135,12 @@ class ExporterApp:
     def port(self) -> int:
         return int(self.server.port)
 
+    _stopped: bool = False
+
     def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
         self.server.stop()
         self.state.stop()
         self.pipeline.shutdown()

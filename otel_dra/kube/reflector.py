@@ -114,8 +114,9 @@ class Reflector:
             )
             return SyncState(synced, self._has_synced, self._last_sync_wall, self._error)
 
-    def _progress(self) -> None:
+    def _progress(self, listed: bool = False) -> None:
         with self._lock:
+            self._has_synced = self._has_synced or listed
             self._broken_since = None
             self._last_sync_wall = time.time()
             if self._error is not None:
@@ -158,7 +159,7 @@ class Reflector:
                     if relist_reason != "initial" and self.events:
                         self.events.relist(self.resource.plural, relist_reason)
                     resource_version = self._list()
-                    self._progress()
+                    self._progress(listed=True)
                     delay = self.backoff[0]
                 resource_version = self._watch(resource_version)
                 delay = self.backoff[0]

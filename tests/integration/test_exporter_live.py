@@ -308,6 +308,7 @@ def test_otlp_push(testbed, admin_client, start_exporter_app, monkeypatch, proto
         attrs = receiver.resource_attributes()
         assert attrs["service.name"] == "dra-test"
         assert attrs["k8s.cluster.name"] == "testbed"
+        app.stop()  # while the receiver is still up: the final flush must not wait for a dead endpoint
     finally:
         receiver.stop()
 

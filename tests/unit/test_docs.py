@@ -33,8 +33,14 @@ def test_state_families_documented():
         for fam in module.FAMILIES:
             g = fam.gauge
             assert fam.gauge.name in rows, f"{g.name} missing from docs/metrics.md"
-            otel, unit, prom, kind, labels, stability, _ = rows.pop(g.name)
-            assert (unit, prom, kind, labels, stability) == (g.unit, fam.prom_name, "gauge", _fmt_labels(g.labels), fam.stability)
+            _otel, unit, prom, kind, labels, stability, _ = rows.pop(g.name)
+            assert (unit, prom, kind, labels, stability) == (
+                g.unit,
+                fam.prom_name,
+                "gauge",
+                _fmt_labels(g.labels),
+                fam.stability,
+            )
     assert all(not name.startswith("kube_") for name in rows), f"documented but not exported: {sorted(rows)}"
 
 

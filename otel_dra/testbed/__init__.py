@@ -1,0 +1,43 @@
+"""A real local Kubernetes control plane for the demo and the integration tests.
+
+``build`` compiles etcd and the Kubernetes binaries from Go modules into a per-machine cache;
+``up``/``down``/``running`` start and stop a control plane whose state lives in one directory.
+"""
+
+from otel_dra.testbed.build import (
+    ETCD_VERSION,
+    KUBERNETES_VERSION,
+    Binaries,
+    BinariesMissingError,
+    BuildError,
+    build,
+    default_cache_root,
+    find_binaries,
+)
+from otel_dra.testbed.controlplane import (
+    DEFAULT_FEATURE_GATES,
+    KubectlError,
+    Testbed,
+    TestbedError,
+    down,
+    running,
+    up,
+)
+
+__all__ = [
+    "DEFAULT_FEATURE_GATES",
+    "ETCD_VERSION",
+    "KUBERNETES_VERSION",
+    "Binaries",
+    "BinariesMissingError",
+    "BuildError",
+    "KubectlError",
+    "Testbed",
+    "TestbedError",
+    "build",
+    "default_cache_root",
+    "down",
+    "find_binaries",
+    "running",
+    "up",
+]

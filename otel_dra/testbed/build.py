@@ -1,0 +1,437 @@
+"""Build the testbed's real peers (etcd and the Kubernetes control plane) from Go modules.
+
+The machines this project runs on reach the Go module proxy but no binary download site, so every
+peer is compiled from source with the local ``go`` tool. ``go install pkg@version`` refuses
+k8s.io/kubernetes (its go.mod carries ``replace`` lines), so each peer is built inside a small
+throw-away "wrapper" module under the cache root that requires the real module and pins its
+dependencies. Binaries land in version-keyed directories outside the repository, which lets a machine
+that already built them skip the (long) build, and lets a version bump rebuild side by side.
+
+Everything that can be left half-done (a wrapper module whose ``go mod tidy`` failed, an interrupted
+``go build``) is produced under a ``.tmp`` name first and renamed into place only once complete, so a
+later run never mistakes a partial result for a finished one.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+KUBERNETES_VERSION = "v1.34.4"
+ETCD_VERSION = "v3.6.16"
+
+# k8s.io/kubernetes requires its staging modules at v0.0.0 and relies on replace lines in its own
+# go.mod, which do not apply to a module that depends on it; the wrapper must replace each of them
+# with the published v0.<minor>.<patch> release matching the Kubernetes version.
+KUBERNETES_STAGING_MODULES = (
+    "api",
+    "apiextensions-apiserver",
+    "apimachinery",
+    "apiserver",
+    "cli-runtime",
+    "client-go",
+    "cloud-provider",
+    "cluster-bootstrap",
+    "code-generator",
+    "component-base",
+    "component-helpers",
+    "controller-manager",
+    "cri-api",
+    "cri-client",
+    "csi-translation-lib",
+    "dynamic-resource-allocation",
+    "endpointslice",
+    "externaljwt",
+    "kms",
+    "kube-aggregator",
+    "kube-controller-manager",
+    "kube-proxy",
+    "kube-scheduler",
+    "kubectl",
+    "kubelet",
+    "metrics",
+    "mount-utils",
+    "pod-security-admission",
+    "sample-apiserver",
+    "sample-cli-plugin",
+    "sample-controller",
+)
+
+KUBERNETES_COMMANDS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl")
+
+# How often a long step reports that it is still running, so a multi-minute link does not look hung.
+_HEARTBEAT_SECONDS = 30.0
+# Lines of go output kept for the error message of a failed step (the full output goes to a log file).
+_ERROR_TAIL_LINES = 60
+
+
+class BuildError(RuntimeError):
+    """A peer could not be built (missing toolchain, module resolution or compile failure)."""
+
+
+class BinariesMissingError(BuildError):
+    """The testbed binaries have not been built on this machine yet."""
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """Paths to the testbed's executables."""
+
+    etcd: Path
+    kube_apiserver: Path
+    kube_scheduler: Path
+    kube_controller_manager: Path
+    kubectl: Path
+
+    def all(self) -> tuple[Path, ...]:
+        return (
+            self.etcd,
+            self.kube_apiserver,
+            self.kube_scheduler,
+            self.kube_controller_manager,
+            self.kubectl,
+        )
+
+    def missing(self) -> list[Path]:
+        return [path for path in self.all() if not _is_executable(path)]
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "etcd": str(self.etcd),
+            "kube-apiserver": str(self.kube_apiserver),
+            "kube-scheduler": str(self.kube_scheduler),
+            "kube-controller-manager": str(self.kube_controller_manager),
+            "kubectl": str(self.kubectl),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, str]) -> Binaries:
+        return cls(
+            etcd=Path(data["etcd"]),
+            kube_apiserver=Path(data["kube-apiserver"]),
+            kube_scheduler=Path(data["kube-scheduler"]),
+            kube_controller_manager=Path(data["kube-controller-manager"]),
+            kubectl=Path(data["kubectl"]),
+        )
+
+
+def default_cache_root() -> Path:
+    """``$OTEL_DRA_CACHE``, else ``~/.cache/otel-dra``: shared by every checkout on the machine."""
+    env = os.environ.get("OTEL_DRA_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "otel-dra"
+
+
+def _resolve_root(cache_root: Path | None) -> Path:
+    return (cache_root if cache_root is not None else default_cache_root()).expanduser().resolve()
+
+
+def _kubernetes_bin_dir(root: Path) -> Path:
+    return root / "bin" / f"kubernetes-{KUBERNETES_VERSION}"
+
+
+def _etcd_bin_dir(root: Path) -> Path:
+    return root / "bin" / f"etcd-{ETCD_VERSION}"
+
+
+def expected_binaries(cache_root: Path | None = None) -> Binaries:
+    """Where the binaries of the pinned versions live under the cache root (built or not)."""
+    root = _resolve_root(cache_root)
+    kube = _kubernetes_bin_dir(root)
+    return Binaries(
+        etcd=_etcd_bin_dir(root) / "etcd",
+        kube_apiserver=kube / "kube-apiserver",
+        kube_scheduler=kube / "kube-scheduler",
+        kube_controller_manager=kube / "kube-controller-manager",
+        kubectl=kube / "kubectl",
+    )
+
+
+def find_binaries(cache_root: Path | None = None) -> Binaries:
+    """Return the built binaries, or raise :class:`BinariesMissingError` saying how to build them."""
+    binaries = expected_binaries(cache_root)
+    missing = binaries.missing()
+    if missing:
+        listed = ", ".join(str(path) for path in missing)
+        raise BinariesMissingError(
+            f"testbed binaries are not built yet (missing: {listed}); "
+            "run `otel-dra testbed build` first (takes a while the first time)"
+        )
+    return binaries
+
+
+def _is_executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def go_environment(cache_root: Path | None = None) -> dict[str, str]:
+    """The environment for go commands: caches under the cache root, no toolchain downloads.
+
+    GOTOOLCHAIN=local keeps go from trying to fetch a newer toolchain (there is no such download
+    here); -mod=mod lets go update go.sum for the wrapper modules instead of failing.
+    """
+    root = _resolve_root(cache_root)
+    env = dict(os.environ)
+    env["GOMODCACHE"] = str(root / "go" / "mod")
+    env["GOCACHE"] = str(root / "go" / "build")
+    env["GOFLAGS"] = "-mod=mod"
+    env["GOTOOLCHAIN"] = "local"
+    return env
+
+
+def _print_progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+# --- wrapper modules -----------------------------------------------------------------------------
+
+
+def kubernetes_wrapper_files() -> dict[str, str]:
+    """go.mod and tools.go of the k8s.io/kubernetes wrapper module (before ``go mod tidy``)."""
+    staging_version = "v0." + KUBERNETES_VERSION.removeprefix("v1.")
+    replaces = "".join(
+        f"replace k8s.io/{name} => k8s.io/{name} {staging_version}\n\n" for name in KUBERNETES_STAGING_MODULES
+    )
+    go_mod = (
+        "module otel-dra-peers/kubernetes\n\n"
+        "go 1.24.0\n\n"
+        # Copied from k8s.io/kubernetes' own go.mod: the main module's godebug settings decide runtime
+        # behaviour, and Kubernetes is tested with these defaults.
+        "godebug default=go1.24\n\n"
+        f"require k8s.io/kubernetes {KUBERNETES_VERSION}\n\n" + replaces
+    ).rstrip("\n") + "\n"
+    # The blank imports make `go mod tidy` record every dependency of the commands we build (kubectl's
+    # command tree lives in the k8s.io/kubectl staging module). The build tag keeps this file out of
+    # real builds: importing a main package is only legal for dependency tracking.
+    tools_go = (
+        "//go:build tools\n"
+        "package tools\n"
+        "import (\n"
+        '\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n'
+        '\t_ "k8s.io/kubernetes/cmd/kube-scheduler"\n'
+        '\t_ "k8s.io/kubernetes/cmd/kube-controller-manager"\n'
+        '\t_ "k8s.io/kubectl/pkg/cmd"\n'
+        '\t_ "k8s.io/kubernetes/cmd/kubectl"\n'
+        ")\n"
+    )
+    return {"go.mod": go_mod, "tools.go": tools_go}
+
+
+def etcd_wrapper_files() -> dict[str, str]:
+    """go.mod and tools.go of the etcd wrapper module (before ``go mod tidy``)."""
+    go_mod = f"module otel-dra-peers/etcd\n\ngo 1.24.0\n\nrequire go.etcd.io/etcd/server/v3 {ETCD_VERSION}\n"
+    tools_go = '//go:build tools\npackage tools\nimport _ "go.etcd.io/etcd/server/v3"\n'
+    return {"go.mod": go_mod, "tools.go": tools_go}
+
+
+def _ensure_wrapper(
+    root: Path,
+    name: str,
+    files: Mapping[str, str],
+    *,
+    env: Mapping[str, str],
+    progress: Callable[[str], None],
+    verbose: bool,
+) -> Path:
+    """Create and tidy the wrapper module ``<root>/src/<name>`` unless it is already complete."""
+    final = root / "src" / name
+    if (final / "go.mod").is_file() and (final / "go.sum").is_file():
+        return final
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for filename, content in files.items():
+        (tmp / filename).write_text(content)
+    # -e: the tools.go imports of main packages make tidy report errors it can safely skip.
+    _run_step(
+        f"{name}: go mod tidy",
+        ["go", "mod", "tidy", "-e"],
+        cwd=tmp,
+        env=env,
+        log=root / "logs" / f"{name}-tidy.log",
+        progress=progress,
+        verbose=verbose,
+    )
+    if not (tmp / "go.sum").is_file():
+        raise BuildError(f"{name}: go mod tidy did not produce go.sum (see {root / 'logs' / f'{name}-tidy.log'})")
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    return final
+
+
+# --- building ------------------------------------------------------------------------------------
+
+
+def _run_step(
+    step: str,
+    cmd: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    log: Path,
+    progress: Callable[[str], None],
+    verbose: bool,
+) -> None:
+    """Run one go command, reporting start, heartbeats and elapsed time; output only on failure.
+
+    The full output is always written to ``log`` so a failure can be investigated after the fact.
+    """
+    log.parent.mkdir(parents=True, exist_ok=True)
+    progress(f"[{step}] started")
+    start = time.monotonic()
+    tail: collections.deque[str] = collections.deque(maxlen=_ERROR_TAIL_LINES)
+    with log.open("w") as log_file:
+        proc = subprocess.Popen(
+            list(cmd),
+            cwd=cwd,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        )
+        assert proc.stdout is not None  # guaranteed by stdout=PIPE
+
+        def pump(stream: Callable[[], str]) -> None:
+            for line in iter(stream, ""):
+                log_file.write(line)
+                tail.append(line.rstrip("\n"))
+                if verbose:
+                    progress(f"  {line.rstrip()}")
+
+        reader = threading.Thread(target=pump, args=(proc.stdout.readline,), daemon=True)
+        reader.start()
+        try:
+            while True:
+                try:
+                    proc.wait(timeout=_HEARTBEAT_SECONDS)
+                    break
+                except subprocess.TimeoutExpired:
+                    progress(f"[{step}] still running, {time.monotonic() - start:.0f}s")
+        except BaseException:
+            # Ctrl-C or similar: do not leave a compiler running behind the user's back.
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            reader.join()
+    elapsed = time.monotonic() - start
+    if proc.returncode != 0:
+        output = "\n".join(tail)
+        raise BuildError(f"[{step}] failed after {elapsed:.0f}s (exit {proc.returncode}); full log: {log}\n{output}")
+    progress(f"[{step}] done in {elapsed:.0f}s")
+
+
+def _build_into(
+    final_dir: Path,
+    names: Sequence[str],
+    run_build: Callable[[Path], None],
+) -> None:
+    """Build into ``<final_dir>.tmp`` and rename it into place once every expected binary exists."""
+    if all(_is_executable(final_dir / name) for name in names):
+        return
+    tmp = final_dir.with_name(final_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    run_build(tmp)
+    absent = [name for name in names if not _is_executable(tmp / name)]
+    if absent:
+        raise BuildError(f"build finished but did not produce {', '.join(absent)} in {tmp}")
+    shutil.rmtree(final_dir, ignore_errors=True)
+    tmp.rename(final_dir)
+
+
+def _kubernetes_ldflags() -> str:
+    # Without these the binaries report v0.0.0-master, which breaks /version and kubectl's skew check.
+    major, minor, _ = KUBERNETES_VERSION.removeprefix("v").split(".")
+    return (
+        "-s -w"
+        f" -X k8s.io/component-base/version.gitVersion={KUBERNETES_VERSION}"
+        f" -X k8s.io/component-base/version.gitMajor={major}"
+        f" -X k8s.io/component-base/version.gitMinor={minor}"
+    )
+
+
+def build(
+    cache_root: Path | None = None,
+    progress: Callable[[str], None] = _print_progress,
+    *,
+    verbose: bool = False,
+) -> Binaries:
+    """Build etcd and the Kubernetes control plane binaries unless they already exist.
+
+    The first run downloads modules and compiles for a long time (tens of minutes on 2 cores); later
+    runs return immediately. ``progress`` receives human-readable status lines; with ``verbose`` it
+    also receives go's output as it happens.
+    """
+    root = _resolve_root(cache_root)
+    binaries = expected_binaries(root)
+    if not binaries.missing():
+        progress(f"testbed binaries already built under {root / 'bin'}")
+        return binaries
+    if shutil.which("go") is None:
+        raise BuildError(
+            "the `go` tool is not on PATH: install Go (1.24 or newer) to build the testbed's "
+            "etcd and Kubernetes binaries from source"
+        )
+    env = go_environment(root)
+    logs = root / "logs"
+
+    def build_kubernetes(out_dir: Path) -> None:
+        src = _ensure_wrapper(
+            root,
+            f"kubernetes-{KUBERNETES_VERSION}",
+            kubernetes_wrapper_files(),
+            env=env,
+            progress=progress,
+            verbose=verbose,
+        )
+        _run_step(
+            f"kubernetes-{KUBERNETES_VERSION}: go build {' '.join(KUBERNETES_COMMANDS)}",
+            [
+                "go",
+                "build",
+                "-ldflags",
+                _kubernetes_ldflags(),
+                # A trailing separator makes go treat -o as a directory for several main packages.
+                "-o",
+                str(out_dir) + os.sep,
+                *(f"k8s.io/kubernetes/cmd/{name}" for name in KUBERNETES_COMMANDS),
+            ],
+            cwd=src,
+            env=env,
+            log=logs / f"kubernetes-{KUBERNETES_VERSION}-build.log",
+            progress=progress,
+            verbose=verbose,
+        )
+
+    def build_etcd(out_dir: Path) -> None:
+        src = _ensure_wrapper(
+            root, f"etcd-{ETCD_VERSION}", etcd_wrapper_files(), env=env, progress=progress, verbose=verbose
+        )
+        # etcd's release binaries are static; cgo buys nothing here and needs a C toolchain.
+        _run_step(
+            f"etcd-{ETCD_VERSION}: go build etcd",
+            ["go", "build", "-o", str(out_dir / "etcd"), "go.etcd.io/etcd/server/v3"],
+            cwd=src,
+            env={**env, "CGO_ENABLED": "0"},
+            log=logs / f"etcd-{ETCD_VERSION}-build.log",
+            progress=progress,
+            verbose=verbose,
+        )
+
+    _build_into(_kubernetes_bin_dir(root), KUBERNETES_COMMANDS, build_kubernetes)
+    _build_into(_etcd_bin_dir(root), ("etcd",), build_etcd)
+    missing = binaries.missing()
+    if missing:  # pragma: no cover - _build_into already checks each directory
+        raise BuildError(f"build finished but binaries are missing: {', '.join(map(str, missing))}")
+    progress(f"testbed binaries ready under {root / 'bin'}")
+    return binaries

@@ -1,0 +1,105 @@
+"""``otel-dra testbed build|up|down``: the local control plane from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from otel_dra.testbed.build import BuildError, build
+from otel_dra.testbed.controlplane import TestbedError, down, up
+
+
+def add_subcommands(subparsers: Any) -> None:
+    """Add the ``testbed`` command group to the top-level ``otel-dra`` parser."""
+    testbed = subparsers.add_parser(
+        "testbed",
+        help="a real local Kubernetes control plane (etcd + kube-apiserver) for the demo and tests",
+        description="Build and run etcd, kube-apiserver and optionally kube-scheduler and "
+        "kube-controller-manager on loopback ports, with all state under one directory.",
+    )
+    commands = testbed.add_subparsers(dest="testbed_command", required=True)
+
+    p_build = commands.add_parser(
+        "build",
+        help="build the etcd and Kubernetes binaries from Go modules (slow the first time)",
+        description="Builds into version-keyed directories under the cache (default $OTEL_DRA_CACHE, "
+        "else ~/.cache/otel-dra) and skips binaries that already exist. Needs the go tool.",
+    )
+    p_build.add_argument("--cache", type=Path, default=None, help="cache directory (default: %(default)s)")
+    p_build.add_argument("-v", "--verbose", action="store_true", help="show go's output as it happens")
+    p_build.set_defaults(func=cmd_build)
+
+    p_up = commands.add_parser(
+        "up",
+        help="start a control plane and return once it is ready",
+        description="Writes DIR/kubeconfig (admin), DIR/state.json and DIR/logs/. The processes keep "
+        "running after this command returns; stop them with `otel-dra testbed down --dir DIR`.",
+    )
+    p_up.add_argument("--dir", type=Path, required=True, help="directory for the testbed's state")
+    p_up.add_argument("--scheduler", action="store_true", help="also run kube-scheduler (DRA allocation)")
+    p_up.add_argument(
+        "--controller-manager",
+        action="store_true",
+        help="also run kube-controller-manager (ResourceClaimTemplate -> ResourceClaim only)",
+    )
+    p_up.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="seconds to wait for each component (default: %(default)s)",
+    )
+    p_up.set_defaults(func=cmd_up)
+
+    p_down = commands.add_parser(
+        "down",
+        help="stop the control plane started in DIR (keeps logs, deletes etcd data)",
+    )
+    p_down.add_argument("--dir", type=Path, required=True, help="directory given to `testbed up`")
+    p_down.set_defaults(func=cmd_down)
+
+
+def _error(message: str) -> int:
+    print(f"otel-dra testbed: error: {message}", file=sys.stderr)
+    return 1
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    try:
+        binaries = build(args.cache, verbose=args.verbose)
+    except BuildError as exc:
+        return _error(str(exc))
+    for path in binaries.all():
+        print(path)
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    try:
+        testbed = up(
+            args.dir,
+            scheduler=args.scheduler,
+            controller_manager=args.controller_manager,
+            timeout=args.timeout,
+        )
+    except (BuildError, TestbedError) as exc:
+        return _error(str(exc))
+    print(f"testbed ready in {time.monotonic() - started:.1f}s: {testbed.server}", file=sys.stderr)
+    for name, pid in testbed.pids.items():
+        print(f"  {name}: pid {pid}, log {testbed.dir / 'logs' / f'{name}.log'}", file=sys.stderr)
+    print(f"stop it with: otel-dra testbed down --dir {testbed.dir}", file=sys.stderr)
+    # stdout carries only what scripts need: `export $(otel-dra testbed up --dir d)`.
+    print(f"KUBECONFIG={testbed.kubeconfig}")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    try:
+        down(args.dir)
+    except TestbedError as exc:
+        return _error(str(exc))
+    print(f"testbed in {args.dir.resolve()} stopped", file=sys.stderr)
+    return 0
