@@ -198,7 +198,8 @@ def start_exporter(
     return ExporterApp(server, state, pipeline)
 
 
-def _wait_for_signal() -> None:
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT; install it before starting anything long-lived."""
     stop = threading.Event()
 
     def handler(signum: int, frame: object) -> None:
@@ -207,6 +208,10 @@ def _wait_for_signal() -> None:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+    return stop
+
+
+def wait_for(stop: threading.Event) -> None:
     while not stop.wait(3600):
         pass
 
@@ -215,6 +220,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     from otel_dra.kube.client import CredentialsError
     from otel_dra.telemetry.otlp import ConfigError
 
+    stop = stop_on_signals()
     try:
         app = start_exporter(
             kubeconfig=args.kubeconfig,
@@ -230,7 +236,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     except OSError as exc:
         log.error("cannot listen on %s:%d: %s", args.address or "0.0.0.0", args.port, exc)
         return 2
-    _wait_for_signal()
+    wait_for(stop)
     started = time.monotonic()
     app.stop()
     log.info("stopped in %.1fs", time.monotonic() - started)

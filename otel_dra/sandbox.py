@@ -33,11 +33,12 @@ def add_subcommand(sub: Any) -> None:
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
-    from otel_dra.cli import _wait_for_signal, start_exporter
+    from otel_dra.cli import start_exporter, stop_on_signals, wait_for
     from otel_dra.fixtures import apply_all, sample_objects
     from otel_dra.kube.client import KubeClient, load_credentials
     from otel_dra.testbed import BinariesMissingError, build, find_binaries, running
 
+    stop = stop_on_signals()
     try:
         binaries = find_binaries()
     except BinariesMissingError:
@@ -53,7 +54,8 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
             except OSError as exc:
                 log.error("cannot listen on port %d: %s", args.port, exc)
                 return 2
-            app.state.wait_synced(30)
+            while not stop.is_set() and not app.state.wait_synced(1):
+                pass
             host = args.address or "127.0.0.1"
             print(
                 f"\nsandbox ready:\n"
@@ -64,7 +66,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
                 flush=True,
             )
             try:
-                _wait_for_signal()
+                wait_for(stop)
             finally:
                 app.stop()
     return 0

@@ -1,0 +1,55 @@
+"""The README's run command: `otel-dra sandbox` serves the sample state and leaves nothing behind."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+
+from otel_dra.testbed import Testbed
+from tests.helpers import SEED_FAMILIES, scrape, wait_until
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_sandbox_serves_sample_state_and_cleans_up(testbed_binaries, tmp_path):
+    port = _free_port()
+    directory = tmp_path / "sandbox"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "otel_dra", "sandbox", "--dir", str(directory), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+
+        def ready():
+            try:
+                code, text = scrape(port)
+            except OSError:
+                return None
+            return text if code == 200 else None
+
+        text = wait_until(ready, timeout=90, what="sandbox exporter")
+        for name in SEED_FAMILIES:
+            assert f"# TYPE {name} gauge" in text
+        assert 'resourceclaim_name="training-0"' in text
+        pids = Testbed.load(directory).pids
+        assert pids
+    finally:
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, output
+    assert f"curl -s http://127.0.0.1:{port}/metrics" in output
+    for pid in pids.values():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            assert state == "Z", f"process {pid} still running after the sandbox stopped"
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,146 @@
+"""The reflector's state machine with a scripted client (the real API server is in tests/integration)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from otel_dra.kube.client import ApiError
+from otel_dra.kube.reflector import Reflector, ResourceType
+
+RT = ResourceType("deviceclasses", "resource.k8s.io/v1")
+
+
+class _Stream:
+    def __init__(self, events):
+        self._data = b"".join(json.dumps(e).encode() + b"\n" for e in events)
+
+    def stream(self, n):
+        # Split mid-line to exercise the line reassembly.
+        for i in range(0, len(self._data), 7):
+            yield self._data[i : i + 7]
+
+    def release_conn(self):
+        pass
+
+    def shutdown(self):
+        pass
+
+
+class _Client:
+    """Answers list pages and watch requests from a script; records what was asked."""
+
+    def __init__(self, lists, watches, done):
+        self.lists, self.watches, self.done = list(lists), list(watches), done
+        self.calls = []
+
+    def get_json(self, path, query):
+        self.calls.append(("list", dict(query)))
+        page = self.lists.pop(0)
+        if isinstance(page, Exception):
+            raise page
+        return page
+
+    def request(self, method, path, *, query, stream, timeout):
+        self.calls.append(("watch", dict(query)))
+        if not self.watches:
+            self.done.set()
+            raise ApiError(0, "script finished")
+        step = self.watches.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        return _Stream(step)
+
+
+class _Handler:
+    def __init__(self):
+        self.objects = {}
+        self.replaced = 0
+
+    def replace(self, objects):
+        self.replaced += 1
+        self.objects = {o["metadata"]["name"]: o for o in objects}
+
+    def upsert(self, obj):
+        self.objects[obj["metadata"]["name"]] = obj
+
+    def delete(self, obj):
+        self.objects.pop(obj["metadata"]["name"], None)
+
+
+class _Events:
+    def __init__(self):
+        self.seen = []
+
+    def watch_event(self, resource, event_type):
+        self.seen.append(("event", event_type))
+
+    def relist(self, resource, reason):
+        self.seen.append(("relist", reason))
+
+    def list_error(self, resource, status):
+        self.seen.append(("list_error", status))
+
+    def watch_error(self, resource, status):
+        self.seen.append(("watch_error", status))
+
+
+def _obj(name, rv):
+    return {"metadata": {"name": name, "resourceVersion": rv}}
+
+
+def _run(lists, watches):
+    done = threading.Event()
+    client, handler, events = _Client(lists, watches, done), _Handler(), _Events()
+    reflector = Reflector(client, RT, handler, events=events, page_size=2, backoff=(0.001, 0.002), stale_after=60)
+    thread = threading.Thread(target=reflector.run, daemon=True)
+    thread.start()
+    assert done.wait(5)
+    reflector.stop()
+    return client, handler, events, reflector
+
+
+def test_paginated_list_then_watch_resumes_from_last_version_and_bookmarks():
+    lists = [
+        {"metadata": {"resourceVersion": "10", "continue": "t1"}, "items": [_obj("a", "5"), _obj("b", "6")]},
+        {"metadata": {"resourceVersion": "10"}, "items": [_obj("c", "7")]},
+    ]
+    watches = [
+        [
+            {"type": "ADDED", "object": _obj("d", "11")},
+            {"type": "DELETED", "object": _obj("a", "12")},
+            {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "15"}}},
+        ],
+        [{"type": "MODIFIED", "object": _obj("b", "16")}],
+    ]
+    client, handler, _events, reflector = _run(lists, watches)
+    assert [c for c in client.calls if c[0] == "list"] == [
+        ("list", {"limit": 2}),
+        ("list", {"limit": 2, "continue": "t1"}),
+    ]
+    watch_rvs = [q["resourceVersion"] for kind, q in client.calls if kind == "watch"]
+    assert watch_rvs == ["10", "15", "16"]
+    assert all(q["allowWatchBookmarks"] == "true" for kind, q in client.calls if kind == "watch")
+    assert sorted(handler.objects) == ["b", "c", "d"] and handler.objects["b"]["metadata"]["resourceVersion"] == "16"
+    assert reflector.state().has_synced
+
+
+def test_gone_relists_both_as_http_410_and_as_error_event():
+    page = {"metadata": {"resourceVersion": "1"}, "items": [_obj("a", "1")]}
+    watches = [
+        ApiError(410, "Gone"),
+        [{"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old resource version"}}],
+    ]
+    _client, handler, events, _ = _run([page, page, page], watches)
+    assert handler.replaced == 3
+    assert [e for e in events.seen if e[0] == "relist"] == [("relist", "expired"), ("relist", "expired")]
+
+
+def test_errors_back_off_and_are_reported_and_mark_state():
+    page = {"metadata": {"resourceVersion": "1"}, "items": []}
+    _client, _handler, events, reflector = _run(
+        [ApiError(403, "Forbidden", '{"message": "cannot list"}'), page], [ApiError(500, "boom")]
+    )
+    assert ("list_error", 403) in events.seen and ("watch_error", 500) in events.seen
+    state = reflector.state()
+    assert state.has_synced and state.error is not None
