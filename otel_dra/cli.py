@@ -181,11 +181,11 @@ def start_exporter(
         page_size=page_size,
     )
 
-    def scrape(openmetrics: bool) -> bytes:
+    def scrape(openmetrics: bool, gzipped: bool) -> list[bytes]:
         reason = state.not_synced()
         if reason is not None:
             raise NotReady(reason)
-        return assemble(pipeline.registry, state.blocks(), openmetrics)
+        return assemble(pipeline.registry, state.blocks(), openmetrics, gzipped)
 
     def on_scrape(seconds: float, ok: bool) -> None:
         if ok:

@@ -18,7 +18,7 @@ from otel_dra.cluster.families import Family
 from otel_dra.cluster.store import ObjectStore
 from otel_dra.kube.client import KubeClient
 from otel_dra.kube.reflector import Reflector, ResourceType
-from otel_dra.telemetry.exposition import GaugeFamily
+from otel_dra.telemetry.exposition import Chunk, GaugeFamily
 
 log = logging.getLogger(__name__)
 
@@ -160,8 +160,8 @@ class ClusterState:
         return self.not_synced() is None
 
     # --- Prometheus: pre-rendered blocks -------------------------------------------------------
-    def blocks(self) -> list[tuple[GaugeFamily, bytes]]:
-        out: list[tuple[GaugeFamily, bytes]] = []
+    def blocks(self) -> list[tuple[GaugeFamily, list[Chunk]]]:
+        out: list[tuple[GaugeFamily, list[Chunk]]] = []
         for store in self.stores:
             out.extend(store.blocks())
         return out

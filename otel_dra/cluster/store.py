@@ -1,27 +1,31 @@
 """The cache: slim objects plus their exposition lines, rendered once per object change.
 
-A scrape joins stored bytes (one ``bytes.join`` per family, redone only when something changed),
-so its cost does not depend on Python-level work per series. See docs/design.md.
+Objects are kept in key order, split into segments of about ``SEGMENT`` objects. Each segment
+keeps, per family, the joined exposition of its objects (a :class:`Chunk`, with its gzip member
+compressed lazily). A change marks one segment dirty; a scrape re-joins only dirty segments and
+sends the rest as stored. So a scrape's work grows with the number of changes since the last one,
+plus one buffer write per segment, not with Python-level work per series. See docs/design.md.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from otel_dra.cluster.families import Family
-from otel_dra.telemetry.exposition import GaugeFamily
+from otel_dra.telemetry.exposition import Chunk, GaugeFamily
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-
-class ObjectProblem(Exception):
-    """A problem with one object (or part of one) that the user should hear about once."""
+# Objects per segment: small enough that a change re-joins and re-compresses little, large enough
+# that a scrape of 10^5 objects writes a few hundred buffers per family, not 10^5.
+SEGMENT = 256
 
 
 @dataclass(slots=True)
@@ -29,6 +33,14 @@ class _Entry(Generic[T]):
     resource_version: str
     obj: T | None  # None: the object could not be parsed at all
     lines: tuple[bytes, ...]
+
+
+class _Segment:
+    __slots__ = ("chunks", "keys")
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = keys
+        self.chunks: list[Chunk] | None = None  # per family; None when dirty
 
 
 def object_key(obj: dict[str, Any]) -> str:
@@ -41,8 +53,15 @@ def object_key(obj: dict[str, Any]) -> str:
 Parser = Callable[[dict[str, Any], Callable[[str], None]], T]
 
 
+def _keep_all(obj: dict[str, Any]) -> bool:
+    return True
+
+
 class ObjectStore(Generic[T]):
-    """Thread-safe store for one resource. The reflector writes, scrapes and exports read."""
+    """Thread-safe store for one resource. The reflector writes, scrapes and exports read.
+
+    ``keep`` selects the objects this store holds (sharding); others are ignored.
+    """
 
     def __init__(
         self,
@@ -51,15 +70,19 @@ class ObjectStore(Generic[T]):
         families: Sequence[Family[T]],
         *,
         on_problem: Callable[[str], None] | None = None,
+        keep: Callable[[dict[str, Any]], bool] = _keep_all,
+        segment_size: int = SEGMENT,
     ) -> None:
         self.resource = resource
         self.families = tuple(families)
         self._parse = parse
         self._on_problem = on_problem
+        self._keep = keep
+        self._segment_size = segment_size
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry[T]] = {}
-        self._sorted_keys: list[str] | None = []
-        self._blocks: list[tuple[GaugeFamily, bytes]] | None = None
+        self._segments: list[_Segment] = []
+        self._firsts: list[str] = []  # first key of each segment, for bisect
 
     # --- writes (reflector thread) ---------------------------------------------------------
     def _build(self, key: str, obj: dict[str, Any]) -> _Entry[T]:
@@ -79,42 +102,83 @@ class ObjectStore(Generic[T]):
             return _Entry(rv, None, tuple(b"" for _ in self.families))
 
     def upsert(self, obj: dict[str, Any]) -> None:
+        if not self._keep(obj):
+            return
         key = object_key(obj)
         rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
-        with self._lock:
-            current = self._entries.get(key)
+        current = self._entries.get(key)
         # Unchanged objects (a relist, a duplicate event) are neither re-parsed nor re-logged.
         if current is not None and rv and current.resource_version == rv:
             return
         entry = self._build(key, obj)
         with self._lock:
             if key not in self._entries:
-                self._sorted_keys = None
+                self._insert_key(key)
+            else:
+                self._segment_of(key).chunks = None
             self._entries[key] = entry
-            self._blocks = None
 
     def delete(self, obj: dict[str, Any]) -> None:
         key = object_key(obj)
         with self._lock:
-            if self._entries.pop(key, None) is not None:
-                self._sorted_keys = None
-                self._blocks = None
+            if self._entries.pop(key, None) is None:
+                return
+            i = self._segment_index(key)
+            segment = self._segments[i]
+            segment.keys.pop(bisect.bisect_left(segment.keys, key))
+            segment.chunks = None
+            if not segment.keys:
+                del self._segments[i]
+                del self._firsts[i]
+            else:
+                self._firsts[i] = segment.keys[0]
 
-    def replace(self, objects: list[dict[str, Any]]) -> None:
+    def replace(self, objects: Iterable[dict[str, Any]]) -> None:
+        """Swap in a full list. ``objects`` may be a lazy iterator (page by page); if it raises,
+        the store is left as it was."""
         fresh: dict[str, _Entry[T]] = {}
-        with self._lock:
-            old = dict(self._entries)
+        old = self._entries  # only this thread writes; reading without the lock is safe
         for obj in objects:
+            if not self._keep(obj):
+                continue
             key = object_key(obj)
             rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
             current = old.get(key)
-            fresh[key] = (
-                current if current is not None and rv and current.resource_version == rv else self._build(key, obj)
-            )
+            if current is not None and rv and current.resource_version == rv:
+                fresh[key] = current
+            else:
+                fresh[key] = self._build(key, obj)
+        keys = sorted(fresh)
+        size = self._segment_size
+        segments = [_Segment(keys[i : i + size]) for i in range(0, len(keys), size)]
         with self._lock:
             self._entries = fresh
-            self._sorted_keys = None
-            self._blocks = None
+            self._segments = segments
+            self._firsts = [s.keys[0] for s in segments]
+
+    # --- segment index (callers hold the lock) ------------------------------------------------
+    def _segment_index(self, key: str) -> int:
+        return max(0, bisect.bisect_right(self._firsts, key) - 1)
+
+    def _segment_of(self, key: str) -> _Segment:
+        return self._segments[self._segment_index(key)]
+
+    def _insert_key(self, key: str) -> None:
+        if not self._segments:
+            self._segments.append(_Segment([key]))
+            self._firsts.append(key)
+            return
+        i = self._segment_index(key)
+        segment = self._segments[i]
+        bisect.insort(segment.keys, key)
+        segment.chunks = None
+        self._firsts[i] = segment.keys[0]
+        if len(segment.keys) >= 2 * self._segment_size:
+            half = len(segment.keys) // 2
+            tail = _Segment(segment.keys[half:])
+            segment.keys = segment.keys[:half]
+            self._segments.insert(i + 1, tail)
+            self._firsts.insert(i + 1, tail.keys[0])
 
     # --- reads -------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -125,14 +189,18 @@ class ObjectStore(Generic[T]):
         with self._lock:
             return [e.obj for e in self._entries.values() if e.obj is not None]
 
-    def blocks(self) -> list[tuple[GaugeFamily, bytes]]:
-        """Each family's exposition lines, ordered by object key."""
+    def blocks(self) -> list[tuple[GaugeFamily, list[Chunk]]]:
+        """Each family's exposition, as one chunk per segment, ordered by object key."""
         with self._lock:
-            if self._blocks is None:
-                if self._sorted_keys is None:
-                    self._sorted_keys = sorted(self._entries)
-                entries = [self._entries[k] for k in self._sorted_keys]
-                self._blocks = [
-                    (fam.gauge, b"".join(e.lines[i] for e in entries)) for i, fam in enumerate(self.families)
-                ]
-            return self._blocks
+            entries = self._entries
+            per_family: list[list[Chunk]] = [[] for _ in self.families]
+            for segment in self._segments:
+                chunks = segment.chunks
+                if chunks is None:
+                    rows = [entries[k].lines for k in segment.keys]
+                    chunks = segment.chunks = [
+                        Chunk(b"".join(row[i] for row in rows)) for i in range(len(self.families))
+                    ]
+                for i, chunk in enumerate(chunks):
+                    per_family[i].append(chunk)
+            return [(fam.gauge, per_family[i]) for i, fam in enumerate(self.families)]

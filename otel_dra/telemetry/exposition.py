@@ -90,6 +90,29 @@ def negotiate(accept: str | None) -> bool:
     return bool(content_type.startswith("application/openmetrics-text"))
 
 
+class Chunk:
+    """Pre-rendered exposition bytes plus their gzip member, compressed at most once.
+
+    A gzip stream may consist of several members (RFC 1952 2.2); decoders such as Go's (which
+    Prometheus uses), zlib-based ones and Python's read them as one body. So a compressed scrape
+    is the concatenation of each chunk's cached member, and only chunks that changed since the
+    last scrape are compressed again.
+    """
+
+    __slots__ = ("_gz", "data")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self._gz: bytes | None = None
+
+    def gzipped(self) -> bytes:
+        gz = self._gz
+        if gz is None:
+            # Level 1: at 10^5 series latency matters more than the last few percent of size.
+            gz = self._gz = gzip.compress(self.data, compresslevel=1, mtime=0)
+        return gz
+
+
 def sdk_exposition(registry: CollectorRegistry, openmetrics: bool) -> bytes:
     """The SDK/prometheus_client part of a scrape, without the OpenMetrics ``# EOF`` line."""
     if openmetrics:
@@ -101,26 +124,47 @@ def sdk_exposition(registry: CollectorRegistry, openmetrics: bool) -> bytes:
     return out
 
 
-def assemble(
-    registry: CollectorRegistry,
-    blocks: Iterable[tuple[GaugeFamily, bytes]],
-    openmetrics: bool,
-) -> bytes:
-    """A full scrape body: the SDK's families, then each pre-rendered family with its header.
+Blocks = Iterable[tuple[GaugeFamily, Sequence[Chunk]]]
+
+
+def assemble(registry: CollectorRegistry, blocks: Blocks, openmetrics: bool, gzipped: bool = False) -> list[bytes]:
+    """A full scrape body as a list of buffers to send in order: the SDK's families, then each
+    pre-rendered family with its header. With ``gzipped`` each buffer is a gzip member.
 
     A family with no samples is still announced (HELP/TYPE) so users can see it exists.
     """
-    parts = [sdk_exposition(registry, openmetrics)]
-    for family, lines in blocks:
-        parts.append(family.header(openmetrics))
-        parts.append(lines)
+    head = [sdk_exposition(registry, openmetrics)]
+    out: list[bytes] = []
+    for family, chunks in blocks:
+        head.append(family.header(openmetrics))
+        for chunk in chunks:
+            if not chunk.data:
+                continue
+            if gzipped:
+                # Headers and other small, uncached parts are compressed together as one member.
+                out.append(_gzip(b"".join(head)))
+                head = []
+                out.append(chunk.gzipped())
+            else:
+                out.extend(head)
+                head = []
+                out.append(chunk.data)
     if openmetrics:
-        parts.append(b"# EOF\n")
-    return b"".join(parts)
+        head.append(b"# EOF\n")
+    if head:
+        out.append(_gzip(b"".join(head)) if gzipped else b"".join(head))
+    return out
+
+
+def _gzip(data: bytes) -> bytes:
+    return gzip.compress(data, compresslevel=1, mtime=0)
+
+
+def wants_gzip(accept_encoding: str | None) -> bool:
+    return bool(accept_encoding) and "gzip" in str(accept_encoding).lower()
 
 
 def maybe_gzip(body: bytes, accept_encoding: str | None) -> tuple[bytes, bool]:
-    if accept_encoding and "gzip" in accept_encoding.lower():
-        # Level 1: at 10^5 series the scrape latency matters more than the last few percent of size.
-        return gzip.compress(body, compresslevel=1), True
+    if wants_gzip(accept_encoding):
+        return _gzip(body), True
     return body, False

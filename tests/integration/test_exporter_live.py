@@ -294,16 +294,25 @@ def test_otlp_push(testbed, admin_client, start_exporter_app, monkeypatch, proto
         }
         wanted = {otel_names.get(n, n) for n in SEED_FAMILIES}
         assert receiver.wait_for(lambda r: wanted <= set(r.metric_points())), set(receiver.metric_points())
+
+        # Same series over OTLP as over Prometheus (compared on one state: poll until an export
+        # taken after the scrape's state has arrived).
+        def compare():
+            points = receiver.metric_points()
+            _code, text = scrape(app.port)
+            prom = {(n, tuple(sorted(labels.items())), v) for n, labels, v in parse_samples(text) if n in SEED_FAMILIES}
+            pushed = {
+                (n, tuple(sorted(a.items())), v)
+                for otel, n in ((otel_names.get(n, n), n) for n in SEED_FAMILIES)
+                for a, v in points.get(otel, [])
+            }
+            return (pushed == prom, sorted(prom ^ pushed)[:10])
+
+        same, diff = wait_until(
+            lambda: (lambda r: r if r[0] else None)(compare()) or False, timeout=10, what="OTLP == Prometheus"
+        ) or (False, None)
+        assert same, diff
         points = receiver.metric_points()
-        # Same series over OTLP as over Prometheus.
-        _code, text = scrape(app.port)
-        prom = {(n, tuple(sorted(labels.items())), v) for n, labels, v in parse_samples(text) if n in SEED_FAMILIES}
-        pushed = {
-            (n, tuple(sorted(a.items())), v)
-            for otel, n in ((otel_names.get(n, n), n) for n in SEED_FAMILIES)
-            for a, v in points[otel]
-        }
-        assert pushed == prom
         assert "otel_dra.watch.events" in points or "otel_dra.cache.objects" in points
         attrs = receiver.resource_attributes()
         assert attrs["service.name"] == "dra-test"

@@ -6,6 +6,10 @@ from otel_dra.cluster import deviceclass, resourceclaim, resourceslice
 from otel_dra.cluster.store import ObjectStore
 
 
+def _text(chunks):
+    return b"".join(c.data for c in chunks)
+
+
 def _samples(module, obj):
     parsed = module.parse(obj, lambda problem: None)
     return {fam.prom_name: list(fam.samples(parsed)) for fam in module.FAMILIES}
@@ -94,9 +98,9 @@ def test_invalid_cost_logged_once_per_change_and_omitted(caplog):
         store.replace([obj])  # a relist of the unchanged object
     assert problems == ["deviceclasses"]
     assert sum("hourly-cost" in r.getMessage() for r in caplog.records) == 1
-    assert store.blocks()[0][1] == b""
+    assert _text(store.blocks()[0][1]) == b""
     store.upsert({"metadata": {"name": "c", "resourceVersion": "2", "annotations": {"hourly-cost": "4"}}})
-    assert store.blocks()[0][1] == b'kube_deviceclass_hourly_cost{deviceclass_name="c"} 4.0\n'
+    assert _text(store.blocks()[0][1]) == b'kube_deviceclass_hourly_cost{deviceclass_name="c"} 4.0\n'
 
 
 def test_malformed_object_does_not_break_others():
@@ -117,7 +121,7 @@ def test_malformed_object_does_not_break_others():
     bad = {"metadata": {"name": "bad", "resourceVersion": "1"}, "spec": "not-an-object"}
     store.replace([good, bad])
     assert len(store) == 2
-    memory = dict((f.prom_name, lines) for f, lines in store.blocks())[
+    memory = {f.prom_name: _text(chunks) for f, chunks in store.blocks()}[
         "kube_resourceslice_device_capacity_memory_bytes"
     ]
     assert memory == (
@@ -130,6 +134,57 @@ def test_store_orders_by_key_and_forgets_deleted():
     store = ObjectStore("deviceclasses", deviceclass.parse, deviceclass.FAMILIES)
     for name in ("b", "a", "c"):
         store.upsert({"metadata": {"name": name, "resourceVersion": "1", "annotations": {"hourly-cost": "1"}}})
-    assert [line.split(b'"')[1] for line in store.blocks()[0][1].splitlines()] == [b"a", b"b", b"c"]
+    assert [line.split(b'"')[1] for line in _text(store.blocks()[0][1]).splitlines()] == [b"a", b"b", b"c"]
     store.delete({"metadata": {"name": "b"}})
-    assert b'"b"' not in store.blocks()[0][1]
+    assert b'"b"' not in _text(store.blocks()[0][1])
+
+
+def test_segments_stay_sorted_through_inserts_deletes_and_splits():
+    import random
+
+    store = ObjectStore("deviceclasses", deviceclass.parse, deviceclass.FAMILIES, segment_size=4)
+    rng = random.Random(7)
+    names = [f"c{i:04d}" for i in range(200)]
+    rng.shuffle(names)
+    present = set()
+    for step in range(2000):
+        name = rng.choice(names)
+        rv = step + 1
+        if name in present and rng.random() < 0.4:
+            store.delete({"metadata": {"name": name}})
+            present.discard(name)
+        else:
+            cost = str(rng.randint(0, 9))
+            store.upsert({"metadata": {"name": name, "resourceVersion": str(rv), "annotations": {"hourly-cost": cost}}})
+            present.add(name)
+        if step % 97 == 0:
+            shown = [line.split(b'"')[1].decode() for line in _text(store.blocks()[0][1]).splitlines()]
+            assert shown == sorted(present)
+    shown = [line.split(b'"')[1].decode() for line in _text(store.blocks()[0][1]).splitlines()]
+    assert shown == sorted(present) and len(store) == len(present)
+    # Segments stay bounded (split at 2x the size).
+    assert all(0 < len(s.keys) < 8 for s in store._segments)
+
+
+def test_only_dirty_segments_are_rebuilt():
+    store = ObjectStore("deviceclasses", deviceclass.parse, deviceclass.FAMILIES, segment_size=2)
+    objs = [
+        {"metadata": {"name": f"c{i}", "resourceVersion": "1", "annotations": {"hourly-cost": "1"}}} for i in range(6)
+    ]
+    store.replace(objs)
+    before = store.blocks()[0][1]
+    store.upsert({"metadata": {"name": "c3", "resourceVersion": "2", "annotations": {"hourly-cost": "5"}}})
+    after = store.blocks()[0][1]
+    assert [a is b for a, b in zip(before, after, strict=True)] == [True, False, True]
+    assert b'deviceclass_name="c3"} 5.0' in after[1].data
+
+
+def test_shard_filter():
+    store = ObjectStore(
+        "deviceclasses", deviceclass.parse, deviceclass.FAMILIES, keep=lambda o: o["metadata"]["name"] != "skip"
+    )
+    store.replace(
+        [{"metadata": {"name": "skip", "resourceVersion": "1"}}, {"metadata": {"name": "keep", "resourceVersion": "1"}}]
+    )
+    store.upsert({"metadata": {"name": "skip", "resourceVersion": "2"}})
+    assert len(store) == 1

@@ -8,9 +8,22 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from otel_dra.cli import main
-from otel_dra.telemetry.exposition import GaugeFamily, assemble
+from otel_dra.telemetry.exposition import Chunk, GaugeFamily, assemble
 from otel_dra.telemetry.http import Endpoints, MetricsServer, NotReady
 from otel_dra.telemetry.otlp import ConfigError, otlp_config
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging():
+    """main() installs its own root handler on the (captured) stderr; put pytest's back."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
 
 FAM = GaugeFamily("demo_value", "By", "A demo.", ("k",))
 
@@ -28,10 +41,11 @@ def _get(port, path, headers=None):
 def server():
     state = {"ready": False}
 
-    def scrape(openmetrics):
+    def scrape(openmetrics, gzipped):
         if not state["ready"]:
             raise NotReady("resourceclaims: initial list not complete")
-        return assemble(CollectorRegistry(), [(FAM, FAM.render([(("v" * 2000,), 1.0), (("w",), 2.0)]))], openmetrics)
+        chunks = [Chunk(FAM.render([(("v" * 2000,), 1.0)])), Chunk(FAM.render([(("w",), 2.0)]))]
+        return assemble(CollectorRegistry(), [(FAM, chunks)], openmetrics, gzipped)
 
     srv = MetricsServer(Endpoints(scrape, lambda: None if state["ready"] else "not synced"), "127.0.0.1", 0).start()
     yield srv, state
