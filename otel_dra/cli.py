@@ -108,7 +108,35 @@ def _exporter_parser(sub: Any) -> None:
         default=True,
         type=_bool,
     )
+    _add(
+        p,
+        "--shard",
+        "OTEL_DRA_SHARD",
+        "this replica's shard number, or 'auto' to take it from the StatefulSet ordinal in POD_NAME",
+        default="0",
+    )
+    _add(p, "--total-shards", "OTEL_DRA_TOTAL_SHARDS", "number of shards", default=1, type=_int_in(1, 1024))
     p.set_defaults(func=cmd_exporter)
+
+
+def _shard(args: argparse.Namespace) -> Any:
+    from otel_dra.cluster.sharding import Shard, ordinal_from_pod_name
+
+    raw = str(args.shard).strip()
+    try:
+        if raw == "auto":
+            pod = os.environ.get("POD_NAME", "")
+            if not pod:
+                raise ValueError("--shard=auto needs the POD_NAME environment variable (the downward API)")
+            index = ordinal_from_pod_name(pod)
+        else:
+            try:
+                index = int(raw)
+            except ValueError:
+                raise ValueError(f"--shard {raw!r}: expected a number or 'auto'") from None
+        return Shard(index, args.total_shards)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -155,6 +183,7 @@ def start_exporter(
     page_size: int = 500,
     target_info: bool = True,
     otlp_exporter_factory: Any = None,
+    shard: Any = None,
 ) -> ExporterApp:
     from otel_dra.cluster.exporter import ClusterState
     from otel_dra.kube.client import KubeClient, load_credentials
@@ -179,7 +208,10 @@ def start_exporter(
         push_meter_provider=pipeline.push_meter_provider,
         stale_after=stale_after,
         page_size=page_size,
+        shard=shard,
     )
+    if state.shard.sharded:
+        log.info("serving shard %d of %d", state.shard.index, state.shard.total)
 
     def scrape(openmetrics: bool, gzipped: bool) -> list[bytes]:
         reason = state.not_synced()
@@ -220,9 +252,11 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     from otel_dra.kube.client import CredentialsError
     from otel_dra.telemetry.otlp import ConfigError
 
+    shard = _shard(args)
     stop = stop_on_signals()
     try:
         app = start_exporter(
+            shard=shard,
             kubeconfig=args.kubeconfig,
             address=args.address,
             port=args.port,

@@ -15,6 +15,7 @@ from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 from otel_dra import __version__
 from otel_dra.cluster import deviceclass, resourceclaim, resourceslice
 from otel_dra.cluster.families import Family
+from otel_dra.cluster.sharding import Shard
 from otel_dra.cluster.store import ObjectStore
 from otel_dra.kube.client import KubeClient
 from otel_dra.kube.reflector import Reflector, ResourceType
@@ -87,12 +88,21 @@ class ClusterState:
         push_meter_provider: MeterProvider | None = None,
         stale_after: float = 30.0,
         page_size: int = 500,
+        shard: Shard | None = None,
     ) -> None:
         self._metrics = _SelfMetrics(meter_provider)
         on_problem = self._count_problem
-        self.claims = ObjectStore("resourceclaims", resourceclaim.parse, resourceclaim.FAMILIES, on_problem=on_problem)
-        self.slices = ObjectStore("resourceslices", resourceslice.parse, resourceslice.FAMILIES, on_problem=on_problem)
-        self.classes = ObjectStore("deviceclasses", deviceclass.parse, deviceclass.FAMILIES, on_problem=on_problem)
+        shard = shard or Shard()
+        self.shard = shard
+        self.claims = ObjectStore(
+            "resourceclaims", resourceclaim.parse, resourceclaim.FAMILIES, on_problem=on_problem, keep=shard.owns
+        )
+        self.slices = ObjectStore(
+            "resourceslices", resourceslice.parse, resourceslice.FAMILIES, on_problem=on_problem, keep=shard.owns
+        )
+        self.classes = ObjectStore(
+            "deviceclasses", deviceclass.parse, deviceclass.FAMILIES, on_problem=on_problem, keep=shard.first_only()
+        )
         stores: list[tuple[ResourceType, ObjectStore[Any]]] = [
             (resourceclaim.RESOURCE, self.claims),
             (resourceslice.RESOURCE, self.slices),

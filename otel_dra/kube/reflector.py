@@ -20,7 +20,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -47,7 +47,7 @@ class ResourceType:
 class Handler(Protocol):
     """Receives the objects. Called from the reflector thread only; must not raise."""
 
-    def replace(self, objects: list[dict[str, Any]]) -> None: ...
+    def replace(self, objects: Iterable[dict[str, Any]]) -> None: ...
     def upsert(self, obj: dict[str, Any]) -> None: ...
     def delete(self, obj: dict[str, Any]) -> None: ...
 
@@ -196,41 +196,48 @@ class Reflector:
 
     # --- list --------------------------------------------------------------------------------
     def _list(self) -> str:
-        objects: list[dict[str, Any]] = []
-        token: str | None = None
+        """Paginated list, handed to the handler page by page (the raw JSON of 10^5 objects is
+        never held at once); the handler swaps its contents only if the whole list succeeds."""
         resource_version = ""
-        try:
-            while True:
-                query: dict[str, str | int] = {"limit": self.page_size}
-                if token:
-                    query["continue"] = token
-                page = self.client.get_json(self.resource.path, query)
-                meta = page.get("metadata") or {}
-                if not resource_version:
-                    resource_version = str(meta.get("resourceVersion", ""))
-                items = page.get("items") or []
-                if isinstance(items, list):
-                    objects.extend(item for item in items if isinstance(item, dict))
-                token = meta.get("continue") or None
-                if not token:
-                    break
-        except ApiError as exc:
-            if self.events:
-                self.events.list_error(self.resource.plural, exc.status)
-            if exc.status == 410:  # the continue token expired mid-list: start over
-                raise _Gone() from exc
-            raise ApiError(exc.status, f"list failed: {exc.message}", exc.body) from exc
-        except ValueError as exc:
-            if self.events:
-                self.events.list_error(self.resource.plural, 200)
-            raise ApiError(200, f"list answered malformed JSON: {exc}") from exc
-        self.handler.replace(objects)
-        log.info(
-            "%s: listed %d objects at resourceVersion %s",
-            self.resource.plural,
-            len(objects),
-            resource_version,
-        )
+        count = 0
+
+        def items() -> Iterator[dict[str, Any]]:
+            nonlocal resource_version, count
+            token: str | None = None
+            try:
+                while True:
+                    query: dict[str, str | int] = {"limit": self.page_size}
+                    if token:
+                        query["continue"] = token
+                    page = self.client.get_json(self.resource.path, query)
+                    meta = page.get("metadata") or {}
+                    if not resource_version:
+                        resource_version = str(meta.get("resourceVersion", ""))
+                    page_items = page.get("items") or []
+                    token = meta.get("continue") or None
+                    del page
+                    if isinstance(page_items, list):
+                        for item in page_items:
+                            if isinstance(item, dict):
+                                count += 1
+                                yield item
+                    if not token:
+                        return
+            except ApiError as exc:
+                if self.events:
+                    self.events.list_error(self.resource.plural, exc.status)
+                if exc.status == 410:  # the continue token expired mid-list: start over
+                    # Logged here: the reason is the list, not an expired watch version.
+                    log.info("%s: list continuation expired (410), listing again", self.resource.plural)
+                    raise _Gone() from exc
+                raise ApiError(exc.status, f"list failed: {exc.message}", exc.body) from exc
+            except ValueError as exc:
+                if self.events:
+                    self.events.list_error(self.resource.plural, 200)
+                raise ApiError(200, f"list answered malformed JSON: {exc}") from exc
+
+        self.handler.replace(items())
+        log.info("%s: listed %d objects at resourceVersion %s", self.resource.plural, count, resource_version)
         return resource_version
 
     # --- watch -------------------------------------------------------------------------------
