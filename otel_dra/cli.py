@@ -158,6 +158,7 @@ class ExporterApp:
     server: Any
     state: Any
     pipeline: Any
+    pusher: Any = None
 
     @property
     def port(self) -> int:
@@ -171,6 +172,8 @@ class ExporterApp:
         self._stopped = True
         self.server.stop()
         self.state.stop()
+        if self.pusher is not None:
+            self.pusher.shutdown()  # pushes the final state once
         self.pipeline.shutdown()
 
 
@@ -205,7 +208,7 @@ def start_exporter(
     state = ClusterState(
         client,
         pipeline.meter_provider,
-        push_meter_provider=pipeline.push_meter_provider,
+        otlp=pipeline.otlp is not None,
         stale_after=stale_after,
         page_size=page_size,
         shard=shard,
@@ -223,11 +226,29 @@ def start_exporter(
         if ok:
             state.record_collection(seconds, "prometheus")
 
+    pusher = None
+    if pipeline.otlp is not None:
+        from otel_dra.cluster.exporter import SCOPE
+        from otel_dra.telemetry.otlp_encode import RequestBuilder
+        from otel_dra.telemetry.otlp_push import PreEncodedPusher, raw_sender
+
+        def on_export(seconds: float, cpu_seconds: float, ok: bool) -> None:
+            state.record_collection(seconds, "otlp")
+            log.debug("OTLP state push: %.3fs wall, %.3fs CPU, ok=%s", seconds, cpu_seconds, ok)
+
+        pusher = PreEncodedPusher(
+            state.otlp_source,
+            RequestBuilder(pipeline.resource, SCOPE, __version__),
+            raw_sender(pipeline.otlp),
+            on_export=on_export,
+        )
     server = MetricsServer(Endpoints(scrape, state.not_synced, on_scrape), address, port)
     state.start()
     server.start()
+    if pusher is not None:
+        pusher.start()
     log.info("serving /metrics, /healthz, /readyz on %s:%d", address or "0.0.0.0", server.port)
-    return ExporterApp(server, state, pipeline)
+    return ExporterApp(server, state, pipeline, pusher)
 
 
 def stop_on_signals() -> threading.Event:

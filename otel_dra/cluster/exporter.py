@@ -20,6 +20,7 @@ from otel_dra.cluster.store import ObjectStore
 from otel_dra.kube.client import KubeClient
 from otel_dra.kube.reflector import Reflector, ResourceType
 from otel_dra.telemetry.exposition import Chunk, GaugeFamily
+from otel_dra.telemetry.otlp_encode import MetricHeader
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,8 @@ class _SelfMetrics:
         self.duration = meter.create_histogram(
             "otel_dra.collection.duration",
             "s",
-            "Time taken to answer one /metrics scrape (render and compress), by exporter.",
+            "Time taken to produce one collection, by exporter (prometheus: one /metrics body; "
+            "otlp: one push of the cluster state).",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )
 
@@ -85,7 +87,7 @@ class ClusterState:
         client: KubeClient,
         meter_provider: MeterProvider,
         *,
-        push_meter_provider: MeterProvider | None = None,
+        otlp: bool = False,
         stale_after: float = 30.0,
         page_size: int = 500,
         shard: Shard | None = None,
@@ -94,14 +96,15 @@ class ClusterState:
         on_problem = self._count_problem
         shard = shard or Shard()
         self.shard = shard
+        common: dict[str, Any] = {"on_problem": on_problem, "otlp": otlp}
         self.claims = ObjectStore(
-            "resourceclaims", resourceclaim.parse, resourceclaim.FAMILIES, on_problem=on_problem, keep=shard.owns
+            "resourceclaims", resourceclaim.parse, resourceclaim.FAMILIES, keep=shard.owns, **common
         )
         self.slices = ObjectStore(
-            "resourceslices", resourceslice.parse, resourceslice.FAMILIES, on_problem=on_problem, keep=shard.owns
+            "resourceslices", resourceslice.parse, resourceslice.FAMILIES, keep=shard.owns, **common
         )
         self.classes = ObjectStore(
-            "deviceclasses", deviceclass.parse, deviceclass.FAMILIES, on_problem=on_problem, keep=shard.first_only()
+            "deviceclasses", deviceclass.parse, deviceclass.FAMILIES, keep=shard.first_only(), **common
         )
         stores: list[tuple[ResourceType, ObjectStore[Any]]] = [
             (resourceclaim.RESOURCE, self.claims),
@@ -132,8 +135,6 @@ class ClusterState:
             "s",
             "Unix time of the last successful list or watch event/bookmark, by resource.",
         )
-        if push_meter_provider is not None:
-            self._register_push(push_meter_provider)
 
     def _count_problem(self, resource: str) -> None:
         self._metrics.invalid.add(1, {"resource": resource})
@@ -182,30 +183,15 @@ class ClusterState:
     def record_collection(self, seconds: float, exporter: str) -> None:
         self._metrics.duration.record(seconds, {"exporter": exporter})
 
-    # --- OTLP: observable gauges read the cache -------------------------------------------------
-    def _register_push(self, provider: MeterProvider) -> None:
-        meter = provider.get_meter(SCOPE, __version__)
+    # --- OTLP: pre-encoded points ----------------------------------------------------------------
+    def otlp_source(self) -> list[tuple[MetricHeader, list[bytes]]] | None:
+        """What to push: None while out of sync (never push a partial or stale picture)."""
+        if self.not_synced() is not None:
+            return None
+        out: list[tuple[MetricHeader, list[bytes]]] = []
         for store in self.stores:
-            for fam in store.families:
-                meter.create_observable_gauge(
-                    fam.gauge.name,
-                    [self._push_callback(store, fam)],
-                    fam.gauge.unit,
-                    fam.gauge.description,
-                )
-
-    def _push_callback(self, store: ObjectStore[Any], fam: Family[Any]) -> Any:
-        keys = fam.gauge.labels
-
-        def callback(options: CallbackOptions) -> Iterable[Observation]:
-            # Never push a partial or stale picture: an out-of-sync cache pushes nothing.
-            if self.not_synced() is not None:
-                return
-            for obj in store.objects():
-                for values, value in fam.samples(obj):
-                    yield Observation(value, dict(zip(keys, values, strict=True)))
-
-        return callback
+            out.extend(store.otlp_metrics())
+        return out
 
     def _observe_objects(self, options: CallbackOptions) -> Iterable[Observation]:
         for store in self.stores:

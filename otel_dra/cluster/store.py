@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 
 from otel_dra.cluster.families import Family
 from otel_dra.telemetry.exposition import Chunk, GaugeFamily
+from otel_dra.telemetry.otlp_encode import MetricHeader, PointEncoder
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,8 @@ SEGMENT = 256
 class _Entry(Generic[T]):
     resource_version: str
     obj: T | None  # None: the object could not be parsed at all
-    lines: tuple[bytes, ...]
+    lines: tuple[bytes, ...]  # Prometheus exposition, per family
+    points: tuple[bytes, ...] | None  # OTLP data points, per family (only when pushing OTLP)
 
 
 class _Segment:
@@ -72,6 +74,7 @@ class ObjectStore(Generic[T]):
         on_problem: Callable[[str], None] | None = None,
         keep: Callable[[dict[str, Any]], bool] = _keep_all,
         segment_size: int = SEGMENT,
+        otlp: bool = False,
     ) -> None:
         self.resource = resource
         self.families = tuple(families)
@@ -79,6 +82,8 @@ class ObjectStore(Generic[T]):
         self._on_problem = on_problem
         self._keep = keep
         self._segment_size = segment_size
+        self._encoders = tuple(PointEncoder(f.gauge.labels) for f in self.families) if otlp else None
+        self._headers = tuple(MetricHeader(f.gauge.name, f.gauge.description, f.gauge.unit) for f in self.families)
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry[T]] = {}
         self._segments: list[_Segment] = []
@@ -95,11 +100,16 @@ class ObjectStore(Generic[T]):
 
         try:
             slim = self._parse(obj, report)
-            lines = tuple(fam.gauge.render(fam.samples(slim)) for fam in self.families)
-            return _Entry(rv, slim, lines)
+            samples = [list(fam.samples(slim)) for fam in self.families]
+            lines = tuple(fam.gauge.render(s) for fam, s in zip(self.families, samples, strict=True))
+            points = None
+            if self._encoders is not None:
+                points = tuple(enc.encode(s) for enc, s in zip(self._encoders, samples, strict=True))
+            return _Entry(rv, slim, lines, points)
         except Exception as exc:  # one malformed object must never break the others
             report(f"malformed object, its series are omitted: {exc}")
-            return _Entry(rv, None, tuple(b"" for _ in self.families))
+            empty = tuple(b"" for _ in self.families)
+            return _Entry(rv, None, empty, empty if self._encoders is not None else None)
 
     def upsert(self, obj: dict[str, Any]) -> None:
         if not self._keep(obj):
@@ -188,6 +198,19 @@ class ObjectStore(Generic[T]):
         """A snapshot of the parsed objects (for OTLP callbacks)."""
         with self._lock:
             return [e.obj for e in self._entries.values() if e.obj is not None]
+
+    def otlp_metrics(self) -> list[tuple[MetricHeader, list[bytes]]]:
+        """Each family's pre-encoded OTLP points, one buffer per segment, in key order."""
+        if self._encoders is None:
+            return []
+        with self._lock:
+            entries = self._entries
+            per_family: list[list[bytes]] = [[] for _ in self.families]
+            for segment in self._segments:
+                rows = [entries[k].points for k in segment.keys]
+                for i in range(len(self.families)):
+                    per_family[i].append(b"".join(row[i] for row in rows if row is not None))
+            return list(zip(self._headers, per_family, strict=True))
 
     def blocks(self) -> list[tuple[GaugeFamily, list[Chunk]]]:
         """Each family's exposition, as one chunk per segment, ordered by object key."""

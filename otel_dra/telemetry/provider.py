@@ -76,29 +76,24 @@ def otlp_metric_exporter(config: OtlpSignalConfig) -> MetricExporter:
 class MetricsPipeline:
     """What a process exports: the pull side and, when configured, the push side.
 
-    ``meter_provider`` feeds both readers. ``push_meter_provider`` (only with OTLP) is for
-    instruments whose Prometheus exposition is rendered elsewhere (per-object state, see
-    :mod:`otel_dra.telemetry.exposition`); it has only the OTLP reader, so those instruments are
-    never collected by the Prometheus reader.
+    ``meter_provider`` feeds both readers. Per-object state does not go through it: its
+    Prometheus exposition and OTLP points are rendered when objects change (see
+    :mod:`otel_dra.telemetry.exposition` and :mod:`otel_dra.telemetry.otlp_encode`) and pushed with
+    the same resource by :class:`otel_dra.telemetry.otlp_push.PreEncodedPusher`.
     """
 
     resource: Resource
     registry: CollectorRegistry
     meter_provider: MeterProvider
-    push_meter_provider: MeterProvider | None = None
     otlp: OtlpSignalConfig | None = None
     _readers: list[MetricReader] = field(default_factory=list)
 
     def shutdown(self) -> None:
         """Flush OTLP and stop; safe to call twice."""
-        for provider in (self.push_meter_provider, self.meter_provider):
-            if provider is None:
-                continue
-            try:
-                provider.shutdown()
-            except Exception:  # shutdown is best effort at exit
-                log.exception("meter provider shutdown failed")
-        self.push_meter_provider = None
+        try:
+            self.meter_provider.shutdown()
+        except Exception:  # shutdown is best effort at exit
+            log.exception("meter provider shutdown failed")
 
 
 def build_metrics_pipeline(
@@ -131,24 +126,21 @@ def build_metrics_pipeline(
         def factory() -> MetricExporter:
             return otlp_metric_exporter(selected)
 
-    push_provider: MeterProvider | None = None
     if factory is not None:
-        interval = metric_export_interval_ms()
-        timeout = metric_export_timeout_ms()
-
-        def periodic() -> PeriodicExportingMetricReader:
-            # One exporter per reader: exporters are not meant to be shared.
-            assert factory is not None
-            return PeriodicExportingMetricReader(factory(), interval, timeout, cardinality_limits=NO_CARDINALITY_CAP)
-
-        readers.append(periodic())
-        push_provider = MeterProvider(metric_readers=[periodic()], resource=resource, shutdown_on_exit=False)
+        # One exporter per reader: exporters are not meant to be shared.
+        readers.append(
+            PeriodicExportingMetricReader(
+                factory(),
+                metric_export_interval_ms(),
+                metric_export_timeout_ms(),
+                cardinality_limits=NO_CARDINALITY_CAP,
+            )
+        )
     provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
     return MetricsPipeline(
         resource=resource,
         registry=registry,
         meter_provider=provider,
-        push_meter_provider=push_provider,
         otlp=config,
         _readers=readers,
     )

@@ -1,0 +1,117 @@
+"""Pre-encoded OTLP requests must decode (with the official classes) to what the SDK would send."""
+
+from __future__ import annotations
+
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.metrics import Observation
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.resources import Resource
+
+from otel_dra.cluster import deviceclass, resourceclaim, resourceslice
+from otel_dra.cluster.store import ObjectStore
+from otel_dra.fixtures import sample_objects
+from otel_dra.telemetry.otlp_encode import PointEncoder, RequestBuilder
+
+RESOURCE = Resource.create({"service.name": "t", "k8s.cluster.name": "c"})
+
+
+def _stores(segment_size=256):
+    stores = [
+        ObjectStore(
+            "resourceclaims", resourceclaim.parse, resourceclaim.FAMILIES, otlp=True, segment_size=segment_size
+        ),
+        ObjectStore(
+            "resourceslices", resourceslice.parse, resourceslice.FAMILIES, otlp=True, segment_size=segment_size
+        ),
+        ObjectStore("deviceclasses", deviceclass.parse, deviceclass.FAMILIES, otlp=True, segment_size=segment_size),
+    ]
+    kinds = {"ResourceClaim": stores[0], "ResourceSlice": stores[1], "DeviceClass": stores[2]}
+    for i, obj in enumerate(sample_objects()):
+        if obj["kind"] in kinds:
+            obj["metadata"]["resourceVersion"] = str(i + 1)
+            kinds[obj["kind"]].upsert(obj)
+    return stores
+
+
+def _points(requests):
+    """name -> (description, unit, {(attrs, value)}, {timestamps}); plus resource and scope seen."""
+    out, resources, scopes = {}, set(), set()
+    for req in requests:
+        for rm in req.resource_metrics:
+            resources.add(tuple(sorted((a.key, a.value.string_value) for a in rm.resource.attributes)))
+            for sm in rm.scope_metrics:
+                scopes.add((sm.scope.name, sm.scope.version))
+                for m in sm.metrics:
+                    _desc, _unit, pts, times = out.setdefault(m.name, (m.description, m.unit, set(), set()))
+                    assert m.WhichOneof("data") == "gauge"
+                    for p in m.gauge.data_points:
+                        pts.add((tuple((a.key, a.value.string_value) for a in p.attributes), p.as_double))
+                        times.add(p.time_unix_nano)
+    return out, resources, scopes
+
+
+def _sdk_request(stores):
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], resource=RESOURCE)
+    meter = provider.get_meter("otel_dra.cluster", "1.2.3")
+    for store in stores:
+        for fam in store.families:
+
+            def cb(options, store=store, fam=fam):
+                for obj in store.objects():
+                    for values, value in fam.samples(obj):
+                        yield Observation(value, dict(zip(fam.gauge.labels, values, strict=True)))
+
+            meter.create_observable_gauge(fam.gauge.name, [cb], fam.gauge.unit, fam.gauge.description)
+    request = encode_metrics(reader.get_metrics_data())
+    provider.shutdown()
+    return request
+
+
+def test_pre_encoded_requests_equal_sdk_encoding():
+    stores = _stores()
+    builder = RequestBuilder(RESOURCE, "otel_dra.cluster", "1.2.3")
+    metrics = [m for s in stores for m in s.otlp_metrics()]
+    ours = [ExportMetricsServiceRequest.FromString(r) for r in builder.requests(metrics, 1_700_000_000_123_456_789)]
+    got, resources, scopes = _points(ours)
+    expected, sdk_resources, sdk_scopes = _points([_sdk_request(stores)])
+    assert {k: v[:3] for k, v in got.items()} == {k: v[:3] for k, v in expected.items()}
+    assert all(v[3] == {1_700_000_000_123_456_789} for v in got.values())
+    assert resources == sdk_resources and scopes == sdk_scopes
+
+
+def test_requests_are_split_below_the_limit_without_losing_points():
+    stores = _stores(segment_size=2)
+    builder = RequestBuilder(RESOURCE, "s", "v")
+    metrics = [m for s in stores for m in s.otlp_metrics()]
+    whole, _, _ = _points([ExportMetricsServiceRequest.FromString(r) for r in builder.requests(metrics, 5)])
+    raw = builder.requests(metrics, 5, limit=600)
+    assert len(raw) > 5
+    assert all(len(r) < 600 + 700 for r in raw)  # limit plus resource/scope/metric headers
+    split, _, _ = _points([ExportMetricsServiceRequest.FromString(r) for r in raw])
+    assert split == whole
+
+
+def test_point_split_inside_one_oversized_chunk():
+    enc = PointEncoder(("a",))
+    blob = enc.encode([((f"value-{i}",), float(i)) for i in range(50)])
+    from otel_dra.telemetry.otlp_encode import MetricHeader
+
+    raw = RequestBuilder(RESOURCE, "s", "v").requests([(MetricHeader("m", "d", "1"), [blob])], 7, limit=200)
+    assert len(raw) > 3
+    got, _, _ = _points([ExportMetricsServiceRequest.FromString(r) for r in raw])
+    assert got["m"][2] == {((("a", f"value-{i}"),), float(i)) for i in range(50)}
+
+
+def test_strange_strings_survive():
+    enc = PointEncoder(("k",))
+    values = ["", "ü∂", "x" * 300, "\ud800lone", '"quoted"\n']
+    from otel_dra.telemetry.otlp_encode import MetricHeader
+
+    raw = RequestBuilder(RESOURCE, "s", "v").requests(
+        [(MetricHeader("m", "d", "1"), [enc.encode([((v,), 1.0) for v in values])])], 9
+    )
+    got, _, _ = _points([ExportMetricsServiceRequest.FromString(r) for r in raw])
+    assert {a[0][1] for a, _ in got["m"][2]} == {v.encode("utf-8", "replace").decode() for v in values}
