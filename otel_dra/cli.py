@@ -222,9 +222,9 @@ def start_exporter(
             raise NotReady(reason)
         return assemble(pipeline.registry, state.blocks(), openmetrics, gzipped)
 
-    def on_scrape(seconds: float, ok: bool) -> None:
+    def on_scrape(seconds: float, cpu_seconds: float, ok: bool) -> None:
         if ok:
-            state.record_collection(seconds, "prometheus")
+            state.record_collection(seconds, "prometheus", cpu_seconds)
 
     pusher = None
     if pipeline.otlp is not None:
@@ -233,7 +233,7 @@ def start_exporter(
         from otel_dra.telemetry.otlp_push import PreEncodedPusher, raw_sender
 
         def on_export(seconds: float, cpu_seconds: float, ok: bool) -> None:
-            state.record_collection(seconds, "otlp")
+            state.record_collection(seconds, "otlp", cpu_seconds)
             log.debug("OTLP state push: %.3fs wall, %.3fs CPU, ok=%s", seconds, cpu_seconds, ok)
 
         pusher = PreEncodedPusher(

@@ -64,6 +64,12 @@ class _SelfMetrics:
             "otlp: one push of the cluster state).",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )
+        self.cpu = meter.create_histogram(
+            "otel_dra.collection.cpu_time",
+            "s",
+            "CPU time of the thread producing one collection, by exporter (as for the duration).",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
 
     # ReflectorEvents
     def watch_event(self, resource: str, event_type: str) -> None:
@@ -180,8 +186,10 @@ class ClusterState:
     def families(self) -> Sequence[Family[Any]]:
         return [fam for store in self.stores for fam in store.families]
 
-    def record_collection(self, seconds: float, exporter: str) -> None:
+    def record_collection(self, seconds: float, exporter: str, cpu_seconds: float | None = None) -> None:
         self._metrics.duration.record(seconds, {"exporter": exporter})
+        if cpu_seconds is not None:
+            self._metrics.cpu.record(cpu_seconds, {"exporter": exporter})
 
     # --- OTLP: pre-encoded points ----------------------------------------------------------------
     def otlp_source(self) -> list[tuple[MetricHeader, list[bytes]]] | None:

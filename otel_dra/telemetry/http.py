@@ -35,7 +35,7 @@ class Endpoints:
 
     scrape: Callable[[bool, bool], list[bytes]]
     ready: Callable[[], str | None]
-    on_scrape: Callable[[float, bool], None] | None = None  # (seconds, ok)
+    on_scrape: Callable[[float, float, bool], None] | None = None  # (seconds, CPU seconds, ok)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -82,7 +82,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _metrics(self) -> None:
         openmetrics = negotiate(self.headers.get("Accept"))
         gzipped = wants_gzip(self.headers.get("Accept-Encoding"))
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         ok = False
         try:
             parts = self.endpoints.scrape(openmetrics, gzipped)
@@ -96,7 +96,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         finally:
             if self.endpoints.on_scrape is not None:
-                self.endpoints.on_scrape(time.perf_counter() - start, ok)
+                self.endpoints.on_scrape(time.perf_counter() - start, time.thread_time() - cpu, ok)
         self.send_response(200)
         self.send_header("Content-Type", OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE)
         if gzipped:

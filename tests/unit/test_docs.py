@@ -58,7 +58,7 @@ def test_self_metrics_documented():
     m.list_error("resourceclaims", 500)
     m.watch_error("resourceclaims", 0)
     state._count_problem("deviceclasses")
-    state.record_collection(0.01, "prometheus")
+    state.record_collection(0.01, "prometheus", 0.005)
     for r in state.reflectors:
         r._last_sync_wall = 1.0
     data = reader.get_metrics_data()

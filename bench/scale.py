@@ -1,0 +1,239 @@
+"""Scale benchmark (issue #5): workload L and the 1k/10k/100k scaling series, in one run.
+
+    python -m bench.scale --claims 1000 10000 100000 [--json docs/bench-scale.json]
+
+Per size, on a fresh testbed loaded with bench/workload.py (100 namespaces, 50 DeviceClasses,
+claims/10 slices of 8 NVIDIA-shaped GPUs, every claim allocated and reserved by one pod):
+
+A. exporter, Prometheus only: initial sync, scrape latency (curl, plain and gzip), API requests
+   per scrape, RSS, the exporter's own collection time and CPU (self-metrics);
+B. the same exporter under 200 status changes/s (bench/churn.py): scrape latency, and the lag from a
+   write returning to the change being visible in /metrics (probe writes on one claim);
+C. the list-per-scrape baseline (bench/baseline.py): list the three resources and render;
+D. exporter with OTLP push every 3 s to a sink (bench/sink.py): CPU and wall time per push (from
+   self-metrics), scrape latency while pushes run, RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.baseline import scrape_once
+from bench.exporter import api_requests, free_port, get, machine, percentile, proc_status
+from bench.workload import Workload, load
+from otel_dra.kube.client import KubeClient, load_credentials
+from otel_dra.testbed import find_binaries, running
+
+
+def curl_time(port: int, gzip: bool = False) -> float:
+    cmd = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code} %{time_total}", f"http://127.0.0.1:{port}/metrics"]
+    if gzip:
+        cmd[1:1] = ["-H", "Accept-Encoding: gzip"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "200", out
+    return float(out[1])
+
+
+def scrapes(port: int, count: int, gzip: bool = False) -> dict[str, float]:
+    times = [curl_time(port, gzip) for _ in range(count)]
+    return {"p50_ms": round(statistics.median(times) * 1000, 1), "p95_ms": round(percentile(times, 0.95) * 1000, 1)}
+
+
+def self_metric(port: int, name: str, exporter: str) -> tuple[float, float]:
+    """(sum, count) of one of the exporter's histograms."""
+    _code, body = get(f"http://127.0.0.1:{port}/metrics")
+    text = body.decode()
+    total = count = 0.0
+    for kind in ("sum", "count"):
+        m = re.search(rf'^{name}_{kind}{{exporter="{exporter}"}} (\S+)$', text, re.M)
+        if m:
+            if kind == "sum":
+                total = float(m[1])
+            else:
+                count = float(m[1])
+    return total, count
+
+
+class Exporter:
+    def __init__(self, kubeconfig: str, log: Path, env: dict[str, str] | None = None) -> None:
+        import os
+
+        self.port = free_port()
+        self.log = open(log, "w")  # noqa: SIM115 - closed in stop()
+        self.start = time.monotonic()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "otel_dra",
+                "exporter",
+                "--kubeconfig",
+                kubeconfig,
+                "--address",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+
+    def wait_ready(self) -> float:
+        while get(f"http://127.0.0.1:{self.port}/readyz")[0] != 200:
+            if self.proc.poll() is not None or time.monotonic() - self.start > 900:
+                raise RuntimeError(f"exporter did not become ready; see {self.log.name}")
+            time.sleep(0.05)
+        return time.monotonic() - self.start
+
+    def rss_mib(self) -> tuple[float, float]:
+        st = proc_status(self.proc.pid)
+        return round(st["VmRSS"] / 2**20, 1), round(st["VmHWM"] / 2**20, 1)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(120)
+        self.log.close()
+
+
+def lag_probes(admin: KubeClient, port: int, count: int) -> list[float]:
+    """Seconds from a status write returning to the change showing in /metrics."""
+    path = "/apis/resource.k8s.io/v1/namespaces/bench-000/resourceclaims/claim-000000/status"
+    lags = []
+    for i in range(count):
+        name = f"probe-{i}-{int(time.time())}"
+        body = {
+            "status": {"reservedFor": [{"resource": "pods", "name": name, "uid": f"00000000-0000-4000-9000-{i:012d}"}]}
+        }
+        admin.send_json("PATCH", path, body, content_type="application/merge-patch+json")
+        written = time.monotonic()
+        needle = f'pod_name="{name}"'.encode()
+        while True:
+            code, payload = get(f"http://127.0.0.1:{port}/metrics")
+            if code == 200 and needle in payload:
+                lags.append(time.monotonic() - written)
+                break
+            if time.monotonic() - written > 60:
+                raise RuntimeError("probe change never became visible")
+        time.sleep(0.5)
+    return lags
+
+
+def run_size(n: int, k: int, workdir: Path) -> dict[str, Any]:
+    w = Workload(claims=n, namespaces=100, classes=50)
+    r: dict[str, Any] = {
+        "claims": n,
+        "slices": w.slices,
+        "devices": w.devices,
+        "classes": w.classes,
+        "seed_series": w.expected_series(),
+    }
+    with running(workdir / f"tb-{n}", binaries=find_binaries()) as tb:
+        kubeconfig = str(tb.kubeconfig)
+        admin = KubeClient(load_credentials(kubeconfig), max_connections=32)
+        r["load_s"] = round(load(admin, w, concurrency=16), 1)
+        print(f"[{n}] loaded in {r['load_s']}s", flush=True)
+
+        # A: Prometheus only
+        ex = Exporter(kubeconfig, workdir / f"exporter-{n}.log")
+        r["initial_sync_s"] = round(ex.wait_ready(), 2)
+        for _ in range(2):
+            curl_time(ex.port)
+        before = api_requests(admin)
+        r["scrape"] = scrapes(ex.port, k)
+        r["scrape_gzip"] = scrapes(ex.port, k, gzip=True)
+        r["api_requests_per_scrape"] = (api_requests(admin) - before) / (2 * k)
+        _code, body = get(f"http://127.0.0.1:{ex.port}/metrics")
+        r["series"] = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+        r["body_mb"] = round(len(body) / 1e6, 1)
+        s, c = self_metric(ex.port, "otel_dra_collection_duration_seconds", "prometheus")
+        cs, cc = self_metric(ex.port, "otel_dra_collection_cpu_time_seconds", "prometheus")
+        r["collection_ms_mean"] = round(1000 * s / c, 2)
+        r["collection_cpu_ms_mean"] = round(1000 * cs / cc, 2)
+        r["rss_mib"], r["peak_rss_mib"] = ex.rss_mib()
+        print(f"[{n}] A {r['scrape']} gzip {r['scrape_gzip']} rss {r['rss_mib']}", flush=True)
+
+        # B: churn at 200 changes/s
+        churn = subprocess.Popen(
+            [sys.executable, "-m", "bench.churn", kubeconfig, str(n), "100", "200"], stdout=subprocess.PIPE, text=True
+        )
+        time.sleep(5)
+        s0, c0 = self_metric(ex.port, "otel_dra_collection_duration_seconds", "prometheus")
+        r["churn_scrape"] = scrapes(ex.port, k)
+        s1, c1 = self_metric(ex.port, "otel_dra_collection_duration_seconds", "prometheus")
+        r["churn_collection_ms_mean"] = round(1000 * (s1 - s0) / max(1.0, c1 - c0), 2)
+        lags = lag_probes(admin, ex.port, 10)
+        r["churn_lag_s"] = {"p50": round(statistics.median(lags), 3), "max": round(max(lags), 3)}
+        churn.terminate()
+        r["churn_rate"] = (churn.communicate(timeout=60)[0] or "").strip()
+        r["rss_after_churn_mib"], _ = ex.rss_mib()
+        ex.stop()
+        print(f"[{n}] B {r['churn_scrape']} lag {r['churn_lag_s']} {r['churn_rate']}", flush=True)
+
+        # C: baseline
+        base = [scrape_once(admin) for _ in range(3)]
+        r["baseline_scrape_ms"] = round(statistics.median(t for t, _ in base) * 1000, 1)
+        r["speedup_vs_baseline"] = round(r["baseline_scrape_ms"] / r["scrape"]["p50_ms"], 1)
+        print(f"[{n}] C baseline {r['baseline_scrape_ms']} ms", flush=True)
+
+        # D: OTLP push every 3 s
+        sink_port = free_port()
+        sink = subprocess.Popen([sys.executable, "-m", "bench.sink", str(sink_port)])
+        ex = Exporter(
+            kubeconfig,
+            workdir / f"exporter-otlp-{n}.log",
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_METRIC_EXPORT_INTERVAL": "3000",
+            },
+        )
+        r["otlp_initial_sync_s"] = round(ex.wait_ready(), 2)
+        deadline = time.monotonic() + 600
+        while self_metric(ex.port, "otel_dra_collection_duration_seconds", "otlp")[1] < 2:
+            if time.monotonic() > deadline:
+                raise RuntimeError("no OTLP pushes")
+            time.sleep(1)
+        r["otlp_scrape"] = scrapes(ex.port, k)
+        s, c = self_metric(ex.port, "otel_dra_collection_duration_seconds", "otlp")
+        cs, cc = self_metric(ex.port, "otel_dra_collection_cpu_time_seconds", "otlp")
+        r["otlp_push_wall_s_mean"] = round(s / c, 3)
+        r["otlp_push_cpu_s_mean"] = round(cs / cc, 3)
+        r["otlp_pushes"] = int(c)
+        r["otlp_bytes_received"] = int(get(f"http://127.0.0.1:{sink_port}/")[1] or b"0")
+        r["otlp_scrape_slowdown"] = round(r["otlp_scrape"]["p50_ms"] / r["scrape"]["p50_ms"], 2)
+        r["otlp_rss_mib"], r["otlp_peak_rss_mib"] = ex.rss_mib()
+        ex.stop()
+        sink.terminate()
+        print(f"[{n}] D push {r['otlp_push_cpu_s_mean']} s CPU, scrape {r['otlp_scrape']}", flush=True)
+    return r
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--claims", type=int, nargs="+", default=[1000, 10000, 100000])
+    parser.add_argument("--scrapes", type=int, default=20)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    results: dict[str, Any] = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "runs": []}
+    with tempfile.TemporaryDirectory(prefix="otel-dra-scale-") as tmp:
+        for n in args.claims:
+            run = run_size(n, args.scrapes, Path(tmp))
+            print(json.dumps(run), flush=True)
+            results["runs"].append(run)
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
