@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 
 # etcd + kube-apiserver/scheduler/controller-manager/kubectl from Go modules (skipped when cached).
 peers: install
-	$(BIN)/otel-dra testbed build
+	$(BIN)/otel-dra testbed build --helm
 
 lint: install
 	$(BIN)/ruff check otel_dra tests bench

@@ -435,3 +435,70 @@ def build(
         raise BuildError(f"build finished but binaries are missing: {', '.join(map(str, missing))}")
     progress(f"testbed binaries ready under {root / 'bin'}")
     return binaries
+
+
+# --- helm (chart tests) --------------------------------------------------------------------------
+
+HELM_VERSION = "v3.21.4"
+
+
+def _helm_bin_dir(root: Path) -> Path:
+    return root / "bin" / f"helm-{HELM_VERSION}"
+
+
+def helm_wrapper_files() -> dict[str, str]:
+    go_mod = f"module otel-dra-peers/helm\n\ngo 1.24.0\n\nrequire helm.sh/helm/v3 {HELM_VERSION}\n"
+    tools_go = '//go:build tools\npackage tools\nimport _ "helm.sh/helm/v3/cmd/helm"\n'
+    return {"go.mod": go_mod, "tools.go": tools_go}
+
+
+def find_helm(cache_root: Path | None = None) -> Path:
+    path = _helm_bin_dir(_resolve_root(cache_root)) / "helm"
+    if not _is_executable(path):
+        raise BinariesMissingError(f"helm is not built yet ({path}); run `otel-dra testbed build --helm`")
+    return path
+
+
+def build_helm(
+    cache_root: Path | None = None,
+    progress: Callable[[str], None] = _print_progress,
+    *,
+    verbose: bool = False,
+) -> Path:
+    """Build the real Helm CLI (for the chart tests) unless it already exists.
+
+    A module build has no release ldflags, so helm assumes an old Kubernetes version: callers
+    pass ``--kube-version`` to ``template``/``lint``.
+    """
+    root = _resolve_root(cache_root)
+    target = _helm_bin_dir(root) / "helm"
+    if _is_executable(target):
+        return target
+    if shutil.which("go") is None:
+        raise BuildError("the `go` tool is not on PATH: install Go (1.24 or newer) to build helm")
+    env = go_environment(root)
+
+    def run_build(out_dir: Path) -> None:
+        src = _ensure_wrapper(
+            root, f"helm-{HELM_VERSION}", helm_wrapper_files(), env=env, progress=progress, verbose=verbose
+        )
+        _run_step(
+            f"helm-{HELM_VERSION}: go build helm",
+            [
+                "go",
+                "build",
+                "-ldflags",
+                f"-s -w -X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",
+                "-o",
+                str(out_dir / "helm"),
+                "helm.sh/helm/v3/cmd/helm",
+            ],
+            cwd=src,
+            env={**env, "CGO_ENABLED": "0"},
+            log=root / "logs" / f"helm-{HELM_VERSION}-build.log",
+            progress=progress,
+            verbose=verbose,
+        )
+
+    _build_into(_helm_bin_dir(root), ("helm",), run_build)
+    return target

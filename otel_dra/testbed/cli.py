@@ -30,6 +30,7 @@ def add_subcommands(subparsers: Any) -> None:
     )
     p_build.add_argument("--cache", type=Path, default=None, help="cache directory (default: %(default)s)")
     p_build.add_argument("-v", "--verbose", action="store_true", help="show go's output as it happens")
+    p_build.add_argument("--helm", action="store_true", help="also build helm (for the chart tests)")
     p_build.set_defaults(func=cmd_build)
 
     p_up = commands.add_parser(
@@ -67,12 +68,17 @@ def _error(message: str) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    from otel_dra.testbed.build import build_helm
+
     try:
         binaries = build(args.cache, verbose=args.verbose)
+        helm = build_helm(args.cache, verbose=args.verbose) if args.helm else None
     except BuildError as exc:
         return _error(str(exc))
     for path in binaries.all():
         print(path)
+    if helm is not None:
+        print(helm)
     return 0
 
 

@@ -1,0 +1,154 @@
+{{- define "otel-dra.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "otel-dra.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "otel-dra.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "otel-dra.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "otel-dra.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "otel-dra.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: exporter
+{{- end }}
+
+{{- define "otel-dra.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "otel-dra.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create=false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "otel-dra.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "otel-dra.validate" -}}
+{{- if not .Values.rbac.useClusterRole }}
+{{- fail "rbac.useClusterRole=false is not supported: the exporter lists and watches ResourceClaims in all namespaces and cluster-scoped ResourceSlices and DeviceClasses, which only a ClusterRole can grant" }}
+{{- end }}
+{{- if and .Values.rbac.useExistingRole (not .Values.rbac.existingRoleName) }}
+{{- fail "rbac.useExistingRole=true needs rbac.existingRoleName" }}
+{{- end }}
+{{- end }}
+
+{{/* The exporter pod template, shared by the Deployment and the sharded StatefulSet. */}}
+{{- define "otel-dra.podTemplate" -}}
+metadata:
+  labels:
+    {{- include "otel-dra.selectorLabels" . | nindent 4 }}
+    {{- with .Values.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- with .Values.podAnnotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  serviceAccountName: {{ include "otel-dra.serviceAccountName" . }}
+  automountServiceAccountToken: true
+  {{- with .Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.priorityClassName }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  securityContext:
+    {{- toYaml .Values.podSecurityContext | nindent 4 }}
+  containers:
+    - name: exporter
+      image: {{ include "otel-dra.image" . | quote }}
+      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      args:
+        - exporter
+        - --port=8080
+        - --stale-after={{ .Values.exporter.staleAfter }}
+        - --log-format={{ .Values.exporter.logFormat }}
+        - --log-level={{ .Values.exporter.logLevel }}
+        - --target-info={{ .Values.exporter.targetInfo }}
+        {{- if .Values.sharding.enabled }}
+        - --shard=auto
+        - --total-shards={{ .Values.sharding.shards }}
+        {{- end }}
+      env:
+        - name: POD_NAME
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.name
+        {{- if .Values.otlp.endpoint }}
+        - name: OTEL_EXPORTER_OTLP_ENDPOINT
+          value: {{ .Values.otlp.endpoint | quote }}
+        - name: OTEL_EXPORTER_OTLP_PROTOCOL
+          value: {{ .Values.otlp.protocol | quote }}
+        - name: OTEL_METRIC_EXPORT_INTERVAL
+          value: {{ .Values.otlp.exportInterval | quote }}
+        {{- if .Values.otlp.insecure }}
+        - name: OTEL_EXPORTER_OTLP_INSECURE
+          value: "true"
+        {{- end }}
+        {{- with .Values.otlp.headers }}
+        - name: OTEL_EXPORTER_OTLP_HEADERS
+          value: {{ . | quote }}
+        {{- end }}
+        {{- end }}
+        - name: OTEL_SERVICE_NAME
+          value: {{ default (include "otel-dra.fullname" .) .Values.otlp.serviceName | quote }}
+        - name: OTEL_RESOURCE_ATTRIBUTES
+          value: {{ printf "k8s.pod.name=$(POD_NAME)%s" (ternary (printf ",%s" .Values.otlp.resourceAttributes) "" (ne .Values.otlp.resourceAttributes "")) | quote }}
+        {{- with .Values.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      ports:
+        - name: http
+          containerPort: 8080
+          protocol: TCP
+      livenessProbe:
+        httpGet:
+          path: /healthz
+          port: http
+        periodSeconds: 10
+        failureThreshold: 3
+      readinessProbe:
+        httpGet:
+          path: /readyz
+          port: http
+        periodSeconds: 5
+      securityContext:
+        {{- toYaml .Values.securityContext | nindent 8 }}
+      resources:
+        {{- toYaml .Values.resources | nindent 8 }}
+  {{- with .Values.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
