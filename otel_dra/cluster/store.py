@@ -10,9 +10,11 @@ plus one buffer write per segment, not with Python-level work per series. See do
 from __future__ import annotations
 
 import bisect
+import contextlib
+import gc
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -43,6 +45,36 @@ class _Segment:
     def __init__(self, keys: list[str]) -> None:
         self.keys = keys
         self.chunks: list[Chunk] | None = None  # per family; None when dirty
+
+
+_gc_lock = threading.Lock()
+_gc_pausers = 0
+_gc_was_enabled = False
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a full list is turned into entries.
+
+    A list of 10^5 objects allocates millions of containers; each allocation burst triggers
+    collections that traverse everything alive, which made turning a workload-L list into entries
+    ~50% slower (5.1 s vs 3.4 s). The data is acyclic (reference counting frees it), so nothing
+    leaks while the collector waits. A count keeps it paused until the last of several concurrent
+    relists finishes.
+    """
+    global _gc_pausers, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pausers == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pausers += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pausers -= 1
+            if _gc_pausers == 0 and _gc_was_enabled:
+                gc.enable()
 
 
 def object_key(obj: dict[str, Any]) -> str:
@@ -148,6 +180,17 @@ class ObjectStore(Generic[T]):
         the store is left as it was."""
         fresh: dict[str, _Entry[T]] = {}
         old = self._entries  # only this thread writes; reading without the lock is safe
+        with _gc_paused():
+            self._fill(fresh, old, objects)
+        keys = sorted(fresh)
+        size = self._segment_size
+        segments = [_Segment(keys[i : i + size]) for i in range(0, len(keys), size)]
+        with self._lock:
+            self._entries = fresh
+            self._segments = segments
+            self._firsts = [s.keys[0] for s in segments]
+
+    def _fill(self, fresh: dict[str, _Entry[T]], old: dict[str, _Entry[T]], objects: Iterable[dict[str, Any]]) -> None:
         for obj in objects:
             if not self._keep(obj):
                 continue
@@ -158,13 +201,6 @@ class ObjectStore(Generic[T]):
                 fresh[key] = current
             else:
                 fresh[key] = self._build(key, obj)
-        keys = sorted(fresh)
-        size = self._segment_size
-        segments = [_Segment(keys[i : i + size]) for i in range(0, len(keys), size)]
-        with self._lock:
-            self._entries = fresh
-            self._segments = segments
-            self._firsts = [s.keys[0] for s in segments]
 
     # --- segment index (callers hold the lock) ------------------------------------------------
     def _segment_index(self, key: str) -> int:

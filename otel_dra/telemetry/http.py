@@ -6,6 +6,7 @@ It is told *what* to serve through callables and knows nothing about where the d
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -104,9 +105,31 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(sum(len(p) for p in parts)))
         self.end_headers()
         if self.command != "HEAD":
-            # Buffers go out as they are: no copy of a body that can be 100 MB at 10^5 claims.
-            for part in parts:
-                self.wfile.write(part)
+            self.wfile.flush()
+            send_buffers(self.connection, parts)
+
+
+# Buffers per sendmsg call (Linux IOV_MAX is 1024).
+_IOV_BATCH = 512
+
+
+def send_buffers(sock: socket.socket, parts: list[bytes]) -> None:
+    """Send buffers as they are (no copy of a body that is 100 MB at 10^5 claims) with few system
+    calls. Each call releases and re-acquires the GIL; while a watch thread is busy, re-acquiring
+    can wait up to the interpreter's switch interval, so one call per buffer (~1,300 at 10^5
+    claims) made scrapes under churn several times slower than a few batched calls."""
+    views = [memoryview(p) for p in parts if p]
+    i = 0
+    while i < len(views):
+        batch = views[i : i + _IOV_BATCH]
+        sent = sock.sendmsg(batch)
+        for view in batch:
+            if sent >= len(view):
+                sent -= len(view)
+                i += 1
+            else:
+                views[i] = view[sent:]  # partial send: resume inside this buffer
+                break
 
 
 class MetricsServer:

@@ -120,3 +120,28 @@ def test_missing_credentials_fail_clearly(monkeypatch, tmp_path, capsys):
     assert "no Kubernetes credentials" in capsys.readouterr().err
     assert main(["exporter", "--port", "0", "--kubeconfig", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_send_buffers_handles_partial_sends():
+    import socket
+    import threading
+
+    from otel_dra.telemetry.http import send_buffers
+
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    parts = [bytes([i % 251]) * (1 + (i * 7919) % 20000) for i in range(1500)] + [b""]
+    expected = b"".join(parts)
+    received = bytearray()
+
+    def read():
+        while len(received) < len(expected):
+            received.extend(b.recv(65536))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    send_buffers(a, parts)
+    reader.join(10)
+    a.close()
+    b.close()
+    assert bytes(received) == expected
