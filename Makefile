@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install peers lint test test-unit run bench ci clean
+.PHONY: install peers lint test test-unit run bench bench-scale ci clean
 
 install: $(VENV)/.installed
 
@@ -37,6 +37,10 @@ run: peers
 
 bench: peers
 	$(BIN)/python -m bench.exporter --claims 1000 10000 --json docs/bench-results.json
+
+# Issue #5's targets: 1k/10k/100k claims, churn, lag, OTLP, baseline (about 15 minutes on 2 cores).
+bench-scale: peers
+	$(BIN)/python -m bench.scale --claims 1000 10000 100000 --json docs/bench-scale.json
 
 ci: test
 

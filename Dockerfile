@@ -1,0 +1,31 @@
+# syntax=docker/dockerfile:1
+# Multi-stage: dependencies are installed from the pinned requirements.lock into a virtualenv in
+# the build stage; the final stage is slim Python with only that virtualenv, no compilers or pip
+# caches, running as a fixed non-root UID.
+
+FROM python:3.11-slim-bookworm AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+RUN python -m venv /opt/otel-dra
+COPY requirements.lock pyproject.toml README.md ./
+COPY otel_dra ./otel_dra
+# Only runtime dependencies (no [dev] extras); the lock file pins every version.
+RUN /opt/otel-dra/bin/pip install -c requirements.lock . \
+    && /opt/otel-dra/bin/pip check
+
+FROM python:3.11-slim-bookworm
+ARG VERSION=0.1.0
+LABEL org.opencontainers.image.title="otel-dra" \
+      org.opencontainers.image.description="OpenTelemetry-native observability for Kubernetes Dynamic Resource Allocation" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="https://github.com/otel-dra/otel-dra"
+COPY --from=build /opt/otel-dra /opt/otel-dra
+ENV PATH=/opt/otel-dra/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+# 65532: the conventional "nonroot" UID; no home, no shell login.
+USER 65532:65532
+EXPOSE 8080
+ENTRYPOINT ["otel-dra"]
+CMD ["exporter"]
