@@ -20,7 +20,7 @@ from otel_dra.cluster.store import ObjectStore
 from otel_dra.kube.client import KubeClient
 from otel_dra.kube.reflector import Reflector, ResourceType
 from otel_dra.telemetry.exposition import Chunk, GaugeFamily
-from otel_dra.telemetry.otlp_encode import MetricHeader
+from otel_dra.telemetry.otlp_encode import MetricHeader, PointGroup
 
 log = logging.getLogger(__name__)
 
@@ -192,11 +192,11 @@ class ClusterState:
             self._metrics.cpu.record(cpu_seconds, {"exporter": exporter})
 
     # --- OTLP: pre-encoded points ----------------------------------------------------------------
-    def otlp_source(self) -> list[tuple[MetricHeader, list[bytes]]] | None:
+    def otlp_source(self) -> list[tuple[MetricHeader, list[PointGroup]]] | None:
         """What to push: None while out of sync (never push a partial or stale picture)."""
         if self.not_synced() is not None:
             return None
-        out: list[tuple[MetricHeader, list[bytes]]] = []
+        out: list[tuple[MetricHeader, list[PointGroup]]] = []
         for store in self.stores:
             out.extend(store.otlp_metrics())
         return out

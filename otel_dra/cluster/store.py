@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 
 from otel_dra.cluster.families import Family
 from otel_dra.telemetry.exposition import Chunk, GaugeFamily
-from otel_dra.telemetry.otlp_encode import MetricHeader, PointEncoder
+from otel_dra.telemetry.otlp_encode import MetricHeader, PointEncoder, PointGroup
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +40,17 @@ class _Entry(Generic[T]):
 
 
 class _Segment:
-    __slots__ = ("chunks", "keys")
+    __slots__ = ("chunks", "keys", "points")
 
     def __init__(self, keys: list[str]) -> None:
         self.keys = keys
         self.chunks: list[Chunk] | None = None  # per family; None when dirty
+        # Per family, references to the entries' OTLP points (not copies: a push joins them in C).
+        self.points: list[PointGroup] | None = None
+
+    def dirty(self) -> None:
+        self.chunks = None
+        self.points = None
 
 
 _gc_lock = threading.Lock()
@@ -157,7 +163,7 @@ class ObjectStore(Generic[T]):
             if key not in self._entries:
                 self._insert_key(key)
             else:
-                self._segment_of(key).chunks = None
+                self._segment_of(key).dirty()
             self._entries[key] = entry
 
     def delete(self, obj: dict[str, Any]) -> None:
@@ -168,7 +174,7 @@ class ObjectStore(Generic[T]):
             i = self._segment_index(key)
             segment = self._segments[i]
             segment.keys.pop(bisect.bisect_left(segment.keys, key))
-            segment.chunks = None
+            segment.dirty()
             if not segment.keys:
                 del self._segments[i]
                 del self._firsts[i]
@@ -217,7 +223,7 @@ class ObjectStore(Generic[T]):
         i = self._segment_index(key)
         segment = self._segments[i]
         bisect.insort(segment.keys, key)
-        segment.chunks = None
+        segment.dirty()
         self._firsts[i] = segment.keys[0]
         if len(segment.keys) >= 2 * self._segment_size:
             half = len(segment.keys) // 2
@@ -235,17 +241,25 @@ class ObjectStore(Generic[T]):
         with self._lock:
             return [e.obj for e in self._entries.values() if e.obj is not None]
 
-    def otlp_metrics(self) -> list[tuple[MetricHeader, list[bytes]]]:
-        """Each family's pre-encoded OTLP points, one buffer per segment, in key order."""
+    def otlp_metrics(self) -> list[tuple[MetricHeader, list[PointGroup]]]:
+        """Each family's pre-encoded OTLP points in key order: per segment, references to the
+        entries' buffers and their total size (joined in C by the request builder). Only segments
+        changed since the last push cost Python work per entry."""
         if self._encoders is None:
             return []
         with self._lock:
             entries = self._entries
-            per_family: list[list[bytes]] = [[] for _ in self.families]
+            per_family: list[list[PointGroup]] = [[] for _ in self.families]
             for segment in self._segments:
-                rows = [entries[k].points for k in segment.keys]
-                for i in range(len(self.families)):
-                    per_family[i].append(b"".join(row[i] for row in rows if row is not None))
+                groups = segment.points
+                if groups is None:
+                    rows = [entries[k].points or () for k in segment.keys]
+                    groups = segment.points = []
+                    for i in range(len(self.families)):
+                        refs = [row[i] for row in rows if row]
+                        groups.append(PointGroup(refs, sum(map(len, refs))))
+                for i, group in enumerate(groups):
+                    per_family[i].append(group)
             return list(zip(self._headers, per_family, strict=True))
 
     def blocks(self) -> list[tuple[GaugeFamily, list[Chunk]]]:

@@ -27,6 +27,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
+from typing import NamedTuple
 
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.sdk.resources import Resource
@@ -118,6 +120,17 @@ def _split_points(blob: bytes, limit: int) -> list[bytes]:
     return pieces
 
 
+class PointGroup(NamedTuple):
+    """Encoded points kept as separate buffers (no copy) with their total size."""
+
+    buffers: list[bytes]
+    size: int
+
+    @classmethod
+    def of(cls, blob: bytes) -> PointGroup:
+        return cls([blob], len(blob))
+
+
 @dataclass(frozen=True)
 class MetricHeader:
     name: str
@@ -140,7 +153,7 @@ class RequestBuilder:
 
     def requests(
         self,
-        metrics: Iterable[tuple[MetricHeader, Sequence[bytes]]],
+        metrics: Iterable[tuple[MetricHeader, Sequence[PointGroup]]],
         time_unix_nano: int,
         limit: int = MAX_REQUEST_BYTES,
     ) -> list[bytes]:
@@ -149,9 +162,9 @@ class RequestBuilder:
         batches: list[list[bytes]] = [[]]
         size = 0
 
-        def add(head: bytes, points: list[bytes]) -> None:
+        def add(head: bytes, groups: list[PointGroup]) -> None:
             nonlocal size
-            blob = b"".join(points).replace(_PLACEHOLDER, stamp)
+            blob = b"".join(chain.from_iterable(g.buffers for g in groups)).replace(_PLACEHOLDER, stamp)
             metric = _field(0x12, head + _field(0x2A, blob))  # ScopeMetrics.metrics = 2; Metric.gauge = 5
             if size and size + len(metric) > limit:
                 batches.append([])
@@ -159,26 +172,27 @@ class RequestBuilder:
             batches[-1].append(metric)
             size += len(metric)
 
-        for header, chunks in metrics:
+        for header, groups in metrics:
             head = header.fields()
-            # Group whole chunks (one per cache segment) into pieces of at most ``limit`` bytes;
-            # only a chunk that is itself too large is split point by point.
-            piece: list[bytes] = []
+            # Group whole groups (one per cache segment) into pieces of at most ``limit`` bytes;
+            # only a group that is itself too large is split point by point.
+            piece: list[PointGroup] = []
             piece_size = 0
-            for chunk in chunks:
-                if not chunk:
+            for group in groups:
+                if not group.size:
                     continue
-                if len(chunk) > limit:
-                    for part in _split_points(chunk, limit):
-                        add(head, [part])
+                if group.size > limit:
+                    for part in _split_points(b"".join(group.buffers), limit):
+                        add(head, [PointGroup.of(part)])
                     continue
-                if piece_size + len(chunk) > limit:
+                if piece_size + group.size > limit:
                     add(head, piece)
                     piece, piece_size = [], 0
-                piece.append(chunk)
-                piece_size += len(chunk)
+                piece.append(group)
+                piece_size += group.size
             if piece:
                 add(head, piece)
+
         out = []
         for batch in batches:
             if not batch:

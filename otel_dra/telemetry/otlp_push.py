@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from otel_dra.telemetry.otlp import OtlpSignalConfig, metric_export_interval_ms
-from otel_dra.telemetry.otlp_encode import MetricHeader, RequestBuilder
+from otel_dra.telemetry.otlp_encode import MetricHeader, PointGroup, RequestBuilder
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def raw_sender(config: OtlpSignalConfig) -> RawSender:
 
 
 # What to push: (metric header, its point chunks), or None while there is nothing valid to push.
-Source = Callable[[], Iterable[tuple[MetricHeader, Sequence[bytes]]] | None]
+Source = Callable[[], Iterable[tuple[MetricHeader, Sequence[PointGroup]]] | None]
 
 
 class PreEncodedPusher:

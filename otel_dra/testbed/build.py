@@ -502,3 +502,38 @@ def build_helm(
 
     _build_into(_helm_bin_dir(root), ("helm",), run_build)
     return target
+
+
+# --- prometheus-operator CRDs (chart tests) --------------------------------------------------------
+
+PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
+PROMETHEUS_OPERATOR_CRDS = ("servicemonitors", "podmonitors", "prometheusrules")
+
+
+def prometheus_operator_crds(cache_root: Path | None = None) -> list[Path]:
+    """The ServiceMonitor/PodMonitor/PrometheusRule CRD manifests, fetched with ``go mod download``
+    from the prometheus-operator module (kept in the module cache; no network once cached)."""
+    import json
+
+    root = _resolve_root(cache_root)
+    root.mkdir(parents=True, exist_ok=True)
+    module = f"github.com/prometheus-operator/prometheus-operator@{PROMETHEUS_OPERATOR_VERSION}"
+    result = subprocess.run(
+        ["go", "mod", "download", "-json", module],
+        env=go_environment(root),
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    try:
+        info = json.loads(result.stdout)
+    except ValueError:
+        raise BuildError(f"go mod download {module} failed: {result.stderr.strip()}") from None
+    if info.get("Error") or not info.get("Dir"):
+        raise BuildError(f"go mod download {module} failed: {info.get('Error')}")
+    crd_dir = Path(info["Dir"]) / "example" / "prometheus-operator-crd"
+    paths = [crd_dir / f"monitoring.coreos.com_{name}.yaml" for name in PROMETHEUS_OPERATOR_CRDS]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise BuildError(f"prometheus-operator {PROMETHEUS_OPERATOR_VERSION} lacks {', '.join(missing)}")
+    return paths

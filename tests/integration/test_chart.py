@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from otel_dra.testbed.build import BinariesMissingError, build_helm, find_helm
+from otel_dra.testbed.build import BinariesMissingError, build_helm, find_helm, prometheus_operator_crds
 from tests.helpers import wait_until
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "otel-dra"
 KUBE_VERSION = "1.34.0"
+PROD_VALUES = CHART / "prod-values.yaml"
 
 
 @pytest.fixture(scope="session")
@@ -27,8 +29,12 @@ def _helm(helm: Path, *args: str, check: bool = True) -> subprocess.CompletedPro
     return subprocess.run([str(helm), *args], capture_output=True, text=True, check=check)
 
 
-def render(helm: Path, *sets: str, release: str = "rel", namespace: str = "monitoring") -> list[dict]:
+def render(
+    helm: Path, *sets: str, release: str = "rel", namespace: str = "monitoring", values: list[Path] | None = None
+) -> list[dict]:
     args = ["template", release, str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION]
+    for file in values or []:
+        args += ["-f", str(file)]
     for s in sets:
         args += ["--set", s]
     out = _helm(helm, *args).stdout
@@ -120,10 +126,41 @@ def _apply(testbed, docs: list[dict], *extra: str):
     return testbed.kubectl("apply", *extra, "-f", "-", input=yaml.safe_dump_all(docs))
 
 
-@pytest.mark.parametrize("profile", [[], ["sharding.enabled=true", "sharding.shards=4"]])
-def test_server_side_dry_run(helm, testbed, profile):
+@pytest.fixture(scope="module")
+def operator_crds(testbed):
+    """The prometheus-operator CRDs (ServiceMonitor, PodMonitor, PrometheusRule) in the testbed."""
+    for crd in prometheus_operator_crds():
+        testbed.kubectl("apply", "--server-side", "-f", str(crd))
+    testbed.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "crd/servicemonitors.monitoring.coreos.com",
+        "crd/podmonitors.monitoring.coreos.com",
+        "crd/prometheusrules.monitoring.coreos.com",
+    )
+
+
+@pytest.mark.parametrize(
+    "profile",
+    [
+        {"sets": []},
+        {"sets": ["sharding.enabled=true", "sharding.shards=4", "podMonitor.enabled=true"]},
+        {"values": True},
+        {
+            "sets": [
+                "serviceMonitor.enabled=true",
+                "prometheusRule.enabled=true",
+                "networkPolicy.enabled=true",
+                "podDisruptionBudget.enabled=true",
+                "otlp.endpoint=http://collector:4318",
+            ]
+        },
+    ],
+)
+def test_server_side_dry_run(helm, testbed, operator_crds, profile):
     testbed.kubectl("create", "namespace", "monitoring", check=False)
-    _apply(testbed, render(helm, *profile), "--dry-run=server")
+    docs = render(helm, *profile.get("sets", []), values=[PROD_VALUES] if profile.get("values") else None)
+    _apply(testbed, docs, "--dry-run=server")
 
 
 def test_chart_serviceaccount_can_exactly_what_the_exporter_needs(helm, testbed, start_exporter_app):
@@ -152,3 +189,96 @@ def test_chart_serviceaccount_can_exactly_what_the_exporter_needs(helm, testbed,
     kubeconfig = testbed.write_kubeconfig(testbed.dir / "chart-sa.kubeconfig", token)
     app = start_exporter_app(str(kubeconfig))
     wait_until(lambda: app.state.not_synced() is None, what="sync as the chart's ServiceAccount")
+
+
+def _render_with(helm: Path, *sets: str) -> dict[str, list[dict]]:
+    return _by_kind(render(helm, *sets))
+
+
+def test_monitors_rules_networkpolicy_pdb(helm):
+    kinds = _render_with(
+        helm,
+        "serviceMonitor.enabled=true",
+        "prometheusRule.enabled=true",
+        "networkPolicy.enabled=true",
+        "podDisruptionBudget.enabled=true",
+    )
+    [sm] = kinds["ServiceMonitor"]
+    assert sm["spec"]["endpoints"][0]["port"] == "http"
+    [rule] = kinds["PrometheusRule"]
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert alerts == {
+        "OtelDraExporterNotSynced",
+        "DRADriverPrepareErrors",
+        "DRADriverPrepareLatencyHigh",
+        "DRADriverKubeAPIServerErrors",
+        "DRADriverFatalBackgroundErrors",
+    }
+    [np] = kinds["NetworkPolicy"]
+    assert np["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert np["spec"]["ingress"][0]["ports"] == [{"port": "http", "protocol": "TCP"}]
+    egress_ports = {(p["port"], p["protocol"]) for r in np["spec"]["egress"] for p in r["ports"]}
+    assert egress_ports == {(443, "TCP"), (6443, "TCP"), (53, "UDP"), (53, "TCP")}
+    [pdb] = kinds["PodDisruptionBudget"]
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": pdb["spec"]["selector"]}
+    assert "PodMonitor" not in _render_with(helm, "serviceMonitor.enabled=true")
+    [pm] = _render_with(helm, "podMonitor.enabled=true")["PodMonitor"]
+    assert pm["spec"]["podMetricsEndpoints"][0]["relabelings"][0]["replacement"] == "rel-otel-dra"
+
+
+def test_networkpolicy_empty_lists_deny(helm):
+    [np] = _render_with(helm, "networkPolicy.enabled=true", "networkPolicy.ingress=null", "networkPolicy.egress=null")[
+        "NetworkPolicy"
+    ]
+    assert np["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert not np["spec"].get("ingress") and not np["spec"].get("egress")
+
+
+@pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        (["podDisruptionBudget.minAvailable=0", "podDisruptionBudget.maxUnavailable=null"], {"minAvailable": 0}),
+        (["podDisruptionBudget.maxUnavailable=50%"], {"maxUnavailable": "50%"}),
+        (["podDisruptionBudget.maxUnavailable=0"], {"maxUnavailable": 0}),
+    ],
+)
+def test_pdb_forms(helm, sets, expected):
+    [pdb] = _render_with(helm, "podDisruptionBudget.enabled=true", *sets)["PodDisruptionBudget"]
+    assert {k: v for k, v in pdb["spec"].items() if k != "selector"} == expected
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["serviceMonitor.enabled=true", "podMonitor.enabled=true"], "mutually exclusive"),
+        (["podDisruptionBudget.enabled=true", "podDisruptionBudget.minAvailable=1"], "exactly one"),
+        (["podDisruptionBudget.maxUnavailable=150%"], "maxUnavailable"),
+        (["serviceMonitor.interval=often"], "interval"),
+    ],
+)
+def test_more_rejections(helm, sets, message):
+    args = ["template", "rel", str(CHART), "--kube-version", KUBE_VERSION]
+    for s in sets:
+        args += ["--set", s]
+    result = _helm(helm, *args, check=False)
+    assert result.returncode != 0 and message.lower() in result.stderr.lower(), result.stderr
+
+
+def test_prod_values_profile(helm):
+    kinds = _by_kind(render(helm, values=[PROD_VALUES]))
+    assert {"ServiceMonitor", "PrometheusRule", "NetworkPolicy", "PodDisruptionBudget", "Deployment"} <= set(kinds)
+    [deploy] = kinds["Deployment"]
+    assert deploy["spec"]["replicas"] == 2
+    assert kinds["PodDisruptionBudget"][0]["spec"]["minAvailable"] == 1
+
+
+def test_alert_rules_pass_promtool(helm, tmp_path):
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is needed (Debian package `prometheus`; .ci/run installs it)"
+    [rule] = _render_with(helm, "prometheusRule.enabled=true")["PrometheusRule"]
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule["spec"]))
+    shutil.copy(Path(__file__).parents[1] / "promtool" / "alerts_test.yaml", tmp_path / "alerts_test.yaml")
+    check = subprocess.run([promtool, "check", "rules", "rules.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    test = subprocess.run([promtool, "test", "rules", "alerts_test.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    assert test.returncode == 0, test.stdout + test.stderr

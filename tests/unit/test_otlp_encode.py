@@ -12,7 +12,7 @@ from opentelemetry.sdk.resources import Resource
 from otel_dra.cluster import deviceclass, resourceclaim, resourceslice
 from otel_dra.cluster.store import ObjectStore
 from otel_dra.fixtures import sample_objects
-from otel_dra.telemetry.otlp_encode import PointEncoder, RequestBuilder
+from otel_dra.telemetry.otlp_encode import PointEncoder, PointGroup, RequestBuilder
 
 RESOURCE = Resource.create({"service.name": "t", "k8s.cluster.name": "c"})
 
@@ -99,7 +99,9 @@ def test_point_split_inside_one_oversized_chunk():
     blob = enc.encode([((f"value-{i}",), float(i)) for i in range(50)])
     from otel_dra.telemetry.otlp_encode import MetricHeader
 
-    raw = RequestBuilder(RESOURCE, "s", "v").requests([(MetricHeader("m", "d", "1"), [blob])], 7, limit=200)
+    raw = RequestBuilder(RESOURCE, "s", "v").requests(
+        [(MetricHeader("m", "d", "1"), [PointGroup.of(blob)])], 7, limit=200
+    )
     assert len(raw) > 3
     got, _, _ = _points([ExportMetricsServiceRequest.FromString(r) for r in raw])
     assert got["m"][2] == {((("a", f"value-{i}"),), float(i)) for i in range(50)}
@@ -111,7 +113,20 @@ def test_strange_strings_survive():
     from otel_dra.telemetry.otlp_encode import MetricHeader
 
     raw = RequestBuilder(RESOURCE, "s", "v").requests(
-        [(MetricHeader("m", "d", "1"), [enc.encode([((v,), 1.0) for v in values])])], 9
+        [(MetricHeader("m", "d", "1"), [PointGroup.of(enc.encode([((v,), 1.0) for v in values]))])], 9
     )
     got, _, _ = _points([ExportMetricsServiceRequest.FromString(r) for r in raw])
     assert {a[0][1] for a, _ in got["m"][2]} == {v.encode("utf-8", "replace").decode() for v in values}
+
+
+def test_unchanged_segments_reuse_their_point_groups():
+    store = ObjectStore("deviceclasses", deviceclass.parse, deviceclass.FAMILIES, otlp=True, segment_size=2)
+    objs = [
+        {"metadata": {"name": f"c{i}", "resourceVersion": "1", "annotations": {"hourly-cost": "1"}}} for i in range(6)
+    ]
+    store.replace(objs)
+    first = store.otlp_metrics()[0][1]
+    store.upsert({"metadata": {"name": "c3", "resourceVersion": "2", "annotations": {"hourly-cost": "5"}}})
+    second = store.otlp_metrics()[0][1]
+    assert [a is b for a, b in zip(first, second, strict=True)] == [True, False, True]
+    assert second[1].size == sum(map(len, second[1].buffers)) > 0
