@@ -128,6 +128,35 @@ def lag_probes(admin: KubeClient, port: int, count: int) -> list[float]:
     return lags
 
 
+def overlap_scrapes(port: int, sink_port: int, baseline: dict[str, float], seconds: float) -> dict[str, Any]:
+    """Scrape back to back while pushes run; split scrapes by whether they overlapped a push.
+
+    A push is a burst of POSTs at the sink (gaps under 1 s), widened by 0.2 s at the start to
+    cover building the first request."""
+    samples = []
+    end = time.time() + seconds
+    while time.time() < end:
+        start = time.time()
+        samples.append((start, curl_time(port)))
+    posts = sorted(tuple(w) for w in json.loads(get(f"http://127.0.0.1:{sink_port}/windows")[1]))
+    bursts: list[list[float]] = []
+    for a, b in posts:
+        if bursts and a - bursts[-1][1] < 1.0:
+            bursts[-1][1] = max(bursts[-1][1], b)
+        else:
+            bursts.append([a - 0.2, b])
+    overlapped = [t for s, t in samples if any(s < b and s + t > a for a, b in bursts)]
+    alone = [t for s, t in samples if not any(s < b and s + t > a for a, b in bursts)]
+    out: dict[str, Any] = {"overlap_scrapes": len(overlapped), "alone_scrapes": len(alone)}
+    if overlapped:
+        out["overlap_p50_ms"] = round(statistics.median(overlapped) * 1000, 1)
+        out["overlap_p95_ms"] = round(percentile(overlapped, 0.95) * 1000, 1)
+        out["overlap_slowdown_p50"] = round(out["overlap_p50_ms"] / baseline["p50_ms"], 2)
+    if alone:
+        out["alone_p50_ms"] = round(statistics.median(alone) * 1000, 1)
+    return out
+
+
 def run_size(n: int, k: int, workdir: Path) -> dict[str, Any]:
     w = Workload(claims=n, namespaces=100, classes=50)
     r: dict[str, Any] = {
@@ -204,12 +233,13 @@ def run_size(n: int, k: int, workdir: Path) -> dict[str, Any]:
                 raise RuntimeError("no OTLP pushes")
             time.sleep(1)
         r["otlp_scrape"] = scrapes(ex.port, k)
+        r.update(overlap_scrapes(ex.port, sink_port, r["scrape"], seconds=25))
         s, c = self_metric(ex.port, "otel_dra_collection_duration_seconds", "otlp")
         cs, cc = self_metric(ex.port, "otel_dra_collection_cpu_time_seconds", "otlp")
         r["otlp_push_wall_s_mean"] = round(s / c, 3)
         r["otlp_push_cpu_s_mean"] = round(cs / cc, 3)
         r["otlp_pushes"] = int(c)
-        r["otlp_bytes_received"] = int(get(f"http://127.0.0.1:{sink_port}/")[1] or b"0")
+        r["otlp_bytes_received"] = int(json.loads(get(f"http://127.0.0.1:{sink_port}/")[1] or b"0"))
         r["otlp_scrape_slowdown"] = round(r["otlp_scrape"]["p50_ms"] / r["scrape"]["p50_ms"], 2)
         r["otlp_rss_mib"], r["otlp_peak_rss_mib"] = ex.rss_mib()
         ex.stop()

@@ -87,7 +87,7 @@ def test_requests_are_split_below_the_limit_without_losing_points():
     builder = RequestBuilder(RESOURCE, "s", "v")
     metrics = [m for s in stores for m in s.otlp_metrics()]
     whole, _, _ = _points([ExportMetricsServiceRequest.FromString(r) for r in builder.requests(metrics, 5)])
-    raw = builder.requests(metrics, 5, limit=600)
+    raw = list(builder.requests(metrics, 5, limit=600))
     assert len(raw) > 5
     assert all(len(r) < 600 + 700 for r in raw)  # limit plus resource/scope/metric headers
     split, _, _ = _points([ExportMetricsServiceRequest.FromString(r) for r in raw])
@@ -99,8 +99,10 @@ def test_point_split_inside_one_oversized_chunk():
     blob = enc.encode([((f"value-{i}",), float(i)) for i in range(50)])
     from otel_dra.telemetry.otlp_encode import MetricHeader
 
-    raw = RequestBuilder(RESOURCE, "s", "v").requests(
-        [(MetricHeader("m", "d", "1"), [PointGroup.of(blob)])], 7, limit=200
+    raw = list(
+        RequestBuilder(RESOURCE, "s", "v").requests(
+            [(MetricHeader("m", "d", "1"), [PointGroup.of(blob)])], 7, limit=200
+        )
     )
     assert len(raw) > 3
     got, _, _ = _points([ExportMetricsServiceRequest.FromString(r) for r in raw])
