@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -67,3 +68,14 @@ def family_block(text: str, name: str) -> str:
     out = [line for line in lines if line.startswith((f"# HELP {name} ", f"# TYPE {name} ", f"# UNIT {name} "))]
     out += [line for line in lines if line.startswith((name + "{", name + " "))]
     return "\n".join(out) + "\n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from otel_dra.fixtures import create, object_path
-from tests.helpers import SEED_FAMILIES, http_get, parse_samples, scrape, wait_until
+from tests.helpers import SEED_FAMILIES, free_port, http_get, listening, parse_samples, scrape, wait_until
 from tests.otlp_receiver import OtlpReceiver
 
 
@@ -216,7 +216,7 @@ def test_rbac_list_watch_is_enough(testbed, start_exporter_app):
 def test_rbac_without_watch_is_a_clear_error_not_a_crash(testbed, tmp_path):
     kubeconfig = _rbac(testbed, "exporter-listonly", '["list"]')
     log = tmp_path / "exporter.log"
-    port = _free_port()
+    port = free_port()
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [
@@ -238,7 +238,7 @@ def test_rbac_without_watch_is_a_clear_error_not_a_crash(testbed, tmp_path):
         )
     try:
         wait_until(
-            lambda: http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200 if _listening(port) else False,
+            lambda: http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200 if listening(port) else False,
             what="healthz",
         )
         code, body = wait_until(
@@ -257,21 +257,6 @@ def test_rbac_without_watch_is_a_clear_error_not_a_crash(testbed, tmp_path):
     assert "needs list and watch" in text
     # Logged once per distinct error, not once per retry.
     assert text.count("needs list and watch") <= 6, text
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _listening(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
@@ -324,7 +309,7 @@ def test_otlp_push(testbed, admin_client, start_exporter_app, monkeypatch, proto
 
 def test_cli_end_to_end_and_sigterm_flushes_otlp(testbed, tmp_path):
     receiver = OtlpReceiver().start()
-    port = _free_port()
+    port = free_port()
     env = dict(
         os.environ,
         OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{receiver.grpc_port}",
@@ -351,7 +336,7 @@ def test_cli_end_to_end_and_sigterm_flushes_otlp(testbed, tmp_path):
     )
     try:
         _code, text = wait_until(
-            lambda: (lambda r: r if r[0] == 200 else None)(scrape(port)) if _listening(port) else None,
+            lambda: (lambda r: r if r[0] == 200 else None)(scrape(port)) if listening(port) else None,
             timeout=30,
             what="first good scrape",
         )

@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 
 from otel_dra.testbed import Testbed
-from tests.helpers import SEED_FAMILIES, scrape, wait_until
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.helpers import SEED_FAMILIES, free_port, scrape, wait_until
 
 
 def test_sandbox_serves_sample_state_and_cleans_up(testbed_binaries, tmp_path):
-    port = _free_port()
+    port = free_port()
     directory = tmp_path / "sandbox"
     proc = subprocess.Popen(
         [sys.executable, "-m", "otel_dra", "sandbox", "--dir", str(directory), "--port", str(port)],

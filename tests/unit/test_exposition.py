@@ -11,24 +11,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from otel_dra.cluster import deviceclass, resourceclaim, resourceslice
-from otel_dra.cluster.store import ObjectStore
-from otel_dra.fixtures import sample_objects
 from otel_dra.telemetry.exposition import assemble
 from otel_dra.telemetry.naming import prometheus_name
+from tests.unit.sample_stores import sample_stores
 
 
 def _stores():
-    stores = [
-        ObjectStore("resourceclaims", resourceclaim.parse, resourceclaim.FAMILIES),
-        ObjectStore("resourceslices", resourceslice.parse, resourceslice.FAMILIES),
-        ObjectStore("deviceclasses", deviceclass.parse, deviceclass.FAMILIES),
-    ]
-    kinds = {"ResourceClaim": stores[0], "ResourceSlice": stores[1], "DeviceClass": stores[2]}
-    for i, obj in enumerate(sample_objects()):
-        if obj["kind"] in kinds:
-            obj["metadata"]["resourceVersion"] = str(i + 1)
-            kinds[obj["kind"]].upsert(obj)
-    return stores
+    return sample_stores()
 
 
 def _sdk_render(stores, openmetrics: bool) -> bytes:

@@ -9,30 +9,16 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
 
-from otel_dra.cluster import deviceclass, resourceclaim, resourceslice
+from otel_dra.cluster import deviceclass
 from otel_dra.cluster.store import ObjectStore
-from otel_dra.fixtures import sample_objects
 from otel_dra.telemetry.otlp_encode import PointEncoder, PointGroup, RequestBuilder
+from tests.unit.sample_stores import sample_stores
 
 RESOURCE = Resource.create({"service.name": "t", "k8s.cluster.name": "c"})
 
 
 def _stores(segment_size=256):
-    stores = [
-        ObjectStore(
-            "resourceclaims", resourceclaim.parse, resourceclaim.FAMILIES, otlp=True, segment_size=segment_size
-        ),
-        ObjectStore(
-            "resourceslices", resourceslice.parse, resourceslice.FAMILIES, otlp=True, segment_size=segment_size
-        ),
-        ObjectStore("deviceclasses", deviceclass.parse, deviceclass.FAMILIES, otlp=True, segment_size=segment_size),
-    ]
-    kinds = {"ResourceClaim": stores[0], "ResourceSlice": stores[1], "DeviceClass": stores[2]}
-    for i, obj in enumerate(sample_objects()):
-        if obj["kind"] in kinds:
-            obj["metadata"]["resourceVersion"] = str(i + 1)
-            kinds[obj["kind"]].upsert(obj)
-    return stores
+    return sample_stores(otlp=True, segment_size=segment_size)
 
 
 def _points(requests):
