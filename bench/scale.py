@@ -154,6 +154,7 @@ def overlap_scrapes(port: int, sink_port: int, baseline: dict[str, float], secon
         out["overlap_slowdown_p50"] = round(out["overlap_p50_ms"] / baseline["p50_ms"], 2)
     if alone:
         out["alone_p50_ms"] = round(statistics.median(alone) * 1000, 1)
+        out["alone_p95_ms"] = round(percentile(alone, 0.95) * 1000, 1)
     return out
 
 
