@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_dra import __version__
+from otel_dra.cluster.sharding import Shard, ordinal_from_pod_name
 
 log = logging.getLogger("otel_dra")
 
@@ -119,8 +120,7 @@ def _exporter_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_exporter)
 
 
-def _shard(args: argparse.Namespace) -> Any:
-    from otel_dra.cluster.sharding import Shard, ordinal_from_pod_name
+def _shard(args: argparse.Namespace) -> Shard:
 
     raw = str(args.shard).strip()
     try:
@@ -185,8 +185,7 @@ def start_exporter(
     stale_after: float = 30.0,
     page_size: int = 500,
     target_info: bool = True,
-    otlp_exporter_factory: Any = None,
-    shard: Any = None,
+    shard: Shard | None = None,
 ) -> ExporterApp:
     from otel_dra.cluster.exporter import ClusterState
     from otel_dra.kube.client import KubeClient, load_credentials
@@ -203,7 +202,6 @@ def start_exporter(
         service_name="otel-dra-exporter",
         version=__version__,
         target_info=target_info,
-        otlp_exporter_factory=otlp_exporter_factory,
     )
     if pipeline.otlp is not None:
         log.info("pushing metrics over OTLP (%s) to %s", pipeline.otlp.protocol, pipeline.otlp.endpoint)

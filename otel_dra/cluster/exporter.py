@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
 from otel_dra import __version__
 from otel_dra.cluster import deviceclass, resourceclaim, resourceslice
-from otel_dra.cluster.families import Family
 from otel_dra.cluster.sharding import Shard
 from otel_dra.cluster.store import ObjectStore
 from otel_dra.kube.client import KubeClient
@@ -153,7 +152,7 @@ class ClusterState:
 
     def stop(self) -> None:
         for reflector in self.reflectors:
-            reflector._stop.set()
+            reflector.request_stop()
         for reflector in self.reflectors:
             reflector.stop()
 
@@ -182,9 +181,6 @@ class ClusterState:
         for store in self.stores:
             out.extend(store.blocks())
         return out
-
-    def families(self) -> Sequence[Family[Any]]:
-        return [fam for store in self.stores for fam in store.families]
 
     def record_collection(self, seconds: float, exporter: str, cpu_seconds: float | None = None) -> None:
         self._metrics.duration.record(seconds, {"exporter": exporter})

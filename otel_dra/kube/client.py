@@ -155,10 +155,6 @@ class KubeClient:
                 urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
         self._pool = urllib3.PoolManager(**kwargs)
 
-    @property
-    def netloc(self) -> str:
-        return self._netloc
-
     def request(
         self,
         method: str,

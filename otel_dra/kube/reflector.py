@@ -140,6 +140,10 @@ class Reflector:
         self._thread.start()
         return self
 
+    def request_stop(self) -> None:
+        """Ask the thread to stop without waiting (stop several reflectors in parallel)."""
+        self._stop.set()
+
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
         resp = self._response

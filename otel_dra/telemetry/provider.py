@@ -7,8 +7,7 @@ global OpenTelemetry providers, so tests can build as many independent stacks as
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import (
@@ -86,7 +85,6 @@ class MetricsPipeline:
     registry: CollectorRegistry
     meter_provider: MeterProvider
     otlp: OtlpSignalConfig | None = None
-    _readers: list[MetricReader] = field(default_factory=list)
 
     def shutdown(self) -> None:
         """Flush OTLP and stop; safe to call twice."""
@@ -101,14 +99,9 @@ def build_metrics_pipeline(
     service_name: str,
     version: str,
     target_info: bool = True,
-    otlp_exporter_factory: Callable[[], MetricExporter] | None = None,
-    extra_readers: tuple[MetricReader, ...] = (),
 ) -> MetricsPipeline:
-    """Build the providers from the environment.
-
-    ``otlp_exporter_factory`` overrides the env-selected exporter (tests pass in-memory ones);
-    ``extra_readers`` are added to the main provider (tests use an InMemoryMetricReader).
-    """
+    """Build the main MeterProvider from the environment: the Prometheus reader always, the OTLP
+    reader when ``OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT`` is set."""
     resource = make_resource(service_name, version)
     registry = CollectorRegistry(auto_describe=True)
     prom = PrometheusMetricReader(
@@ -117,20 +110,12 @@ def build_metrics_pipeline(
         registry=registry,
         cardinality_limits=NO_CARDINALITY_CAP,
     )
-    readers: list[MetricReader] = [prom, *extra_readers]
+    readers: list[MetricReader] = [prom]
     config = otlp_config("metrics")
-    factory = otlp_exporter_factory
-    if factory is None and config is not None:
-        selected = config
-
-        def factory() -> MetricExporter:
-            return otlp_metric_exporter(selected)
-
-    if factory is not None:
-        # One exporter per reader: exporters are not meant to be shared.
+    if config is not None:
         readers.append(
             PeriodicExportingMetricReader(
-                factory(),
+                otlp_metric_exporter(config),
                 metric_export_interval_ms(),
                 metric_export_timeout_ms(),
                 cardinality_limits=NO_CARDINALITY_CAP,
@@ -142,5 +127,4 @@ def build_metrics_pipeline(
         registry=registry,
         meter_provider=provider,
         otlp=config,
-        _readers=readers,
     )
