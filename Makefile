@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install peers lint test test-unit run bench bench-scale ci clean
+.PHONY: install peers lint test test-unit run bench bench-scale manifests ci clean
 
 install: $(VENV)/.installed
 
@@ -41,6 +41,10 @@ bench: peers
 # Issue #5's targets: 1k/10k/100k claims, churn, lag, OTLP, baseline (about 15 minutes on 2 cores).
 bench-scale: peers
 	$(BIN)/python -m bench.scale --claims 1000 10000 100000 --json docs/bench-scale.json
+
+# Plain YAML for users without Helm, rendered from the chart (a test fails when they drift apart).
+manifests: peers
+	$(BIN)/python -m tests.render_manifests
 
 ci: test
 

@@ -282,3 +282,13 @@ def test_alert_rules_pass_promtool(helm, tmp_path):
     assert check.returncode == 0, check.stdout + check.stderr
     test = subprocess.run([promtool, "test", "rules", "alerts_test.yaml"], cwd=tmp_path, capture_output=True, text=True)
     assert test.returncode == 0, test.stdout + test.stderr
+
+
+def test_plain_manifests_match_the_chart(helm):
+    from tests.render_manifests import OUT, PROFILES
+    from tests.render_manifests import render as render_profile
+
+    for name, extra in PROFILES.items():
+        assert (OUT / name).read_text() == render_profile(helm, extra), (
+            f"deploy/manifests/{name} is stale: make manifests"
+        )
