@@ -158,7 +158,7 @@ def overlap_scrapes(port: int, sink_port: int, baseline: dict[str, float], secon
     return out
 
 
-def run_size(n: int, k: int, workdir: Path) -> dict[str, Any]:
+def run_size(n: int, k: int, workdir: Path, phases: str = "ABCD") -> dict[str, Any]:
     w = Workload(claims=n, namespaces=100, classes=50)
     r: dict[str, Any] = {
         "claims": n,
@@ -192,28 +192,34 @@ def run_size(n: int, k: int, workdir: Path) -> dict[str, Any]:
         r["rss_mib"], r["peak_rss_mib"] = ex.rss_mib()
         print(f"[{n}] A {r['scrape']} gzip {r['scrape_gzip']} rss {r['rss_mib']}", flush=True)
 
+        if "B" not in phases:
+            ex.stop()
         # B: churn at 200 changes/s
-        churn = subprocess.Popen(
-            [sys.executable, "-m", "bench.churn", kubeconfig, str(n), "100", "200"], stdout=subprocess.PIPE, text=True
-        )
-        time.sleep(5)
-        s0, c0 = self_metric(ex.port, "otel_dra_collection_duration_seconds", "prometheus")
-        r["churn_scrape"] = scrapes(ex.port, k)
-        s1, c1 = self_metric(ex.port, "otel_dra_collection_duration_seconds", "prometheus")
-        r["churn_collection_ms_mean"] = round(1000 * (s1 - s0) / max(1.0, c1 - c0), 2)
-        lags = lag_probes(admin, ex.port, 10)
-        r["churn_lag_s"] = {"p50": round(statistics.median(lags), 3), "max": round(max(lags), 3)}
-        churn.terminate()
-        r["churn_rate"] = (churn.communicate(timeout=60)[0] or "").strip()
-        r["rss_after_churn_mib"], _ = ex.rss_mib()
-        ex.stop()
-        print(f"[{n}] B {r['churn_scrape']} lag {r['churn_lag_s']} {r['churn_rate']}", flush=True)
+        if "B" in phases:
+            churn = subprocess.Popen(
+                [sys.executable, "-m", "bench.churn", kubeconfig, str(n), "100", "200"],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            time.sleep(5)
+            s0, c0 = self_metric(ex.port, "otel_dra_collection_duration_seconds", "prometheus")
+            r["churn_scrape"] = scrapes(ex.port, k)
+            s1, c1 = self_metric(ex.port, "otel_dra_collection_duration_seconds", "prometheus")
+            r["churn_collection_ms_mean"] = round(1000 * (s1 - s0) / max(1.0, c1 - c0), 2)
+            lags = lag_probes(admin, ex.port, 10)
+            r["churn_lag_s"] = {"p50": round(statistics.median(lags), 3), "max": round(max(lags), 3)}
+            churn.terminate()
+            r["churn_rate"] = (churn.communicate(timeout=60)[0] or "").strip()
+            r["rss_after_churn_mib"], _ = ex.rss_mib()
+            ex.stop()
+            print(f"[{n}] B {r['churn_scrape']} lag {r['churn_lag_s']} {r['churn_rate']}", flush=True)
 
         # C: baseline
-        base = [scrape_once(admin) for _ in range(3)]
-        r["baseline_scrape_ms"] = round(statistics.median(t for t, _ in base) * 1000, 1)
-        r["speedup_vs_baseline"] = round(r["baseline_scrape_ms"] / r["scrape"]["p50_ms"], 1)
-        print(f"[{n}] C baseline {r['baseline_scrape_ms']} ms", flush=True)
+        if "C" in phases:
+            base = [scrape_once(admin) for _ in range(3)]
+            r["baseline_scrape_ms"] = round(statistics.median(t for t, _ in base) * 1000, 1)
+            r["speedup_vs_baseline"] = round(r["baseline_scrape_ms"] / r["scrape"]["p50_ms"], 1)
+            print(f"[{n}] C baseline {r['baseline_scrape_ms']} ms", flush=True)
 
         # D: OTLP push every 3 s
         sink_port = free_port()
@@ -254,11 +260,12 @@ def main() -> int:
     parser.add_argument("--claims", type=int, nargs="+", default=[1000, 10000, 100000])
     parser.add_argument("--scrapes", type=int, default=20)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--phases", default="ABCD", help="which of the phases A-D to run (A always runs)")
     args = parser.parse_args()
     results: dict[str, Any] = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "runs": []}
     with tempfile.TemporaryDirectory(prefix="otel-dra-scale-") as tmp:
         for n in args.claims:
-            run = run_size(n, args.scrapes, Path(tmp))
+            run = run_size(n, args.scrapes, Path(tmp), args.phases)
             print(json.dumps(run), flush=True)
             results["runs"].append(run)
             if args.json:
