@@ -188,3 +188,33 @@ def test_shard_filter():
     )
     store.upsert({"metadata": {"name": "skip", "resourceVersion": "2"}})
     assert len(store) == 1
+
+
+def test_gc_is_paused_during_concurrent_relists_and_restored_after():
+    import gc
+    import threading
+
+    from otel_dra.cluster import store as store_module
+
+    assert gc.isenabled()
+    inside = threading.Event()
+    release = threading.Event()
+    seen = []
+
+    def slow_objects():
+        inside.set()
+        release.wait(5)
+        yield {"metadata": {"name": "a", "resourceVersion": "1"}}
+
+    first = ObjectStore("deviceclasses", deviceclass.parse, deviceclass.FAMILIES)
+    t = threading.Thread(target=first.replace, args=(slow_objects(),))
+    t.start()
+    assert inside.wait(5)
+    seen.append(gc.isenabled())  # paused while the first relist runs
+    with store_module._gc_paused():  # a second, overlapping relist
+        seen.append(gc.isenabled())
+    seen.append(gc.isenabled())  # still paused: the first has not finished
+    release.set()
+    t.join(5)
+    assert seen == [False, False, False]
+    assert gc.isenabled() and len(first) == 1
