@@ -63,6 +63,11 @@ def self_metric(port: int, name: str, exporter: str) -> tuple[float, float]:
     return total, count
 
 
+# --pin: the exporter runs on CPU 0 and the OTLP sink on CPU 1, so that a receiver on the same
+# machine does not take the exporter's CPU (as a Collector on another node would not).
+PIN: dict[str, list[str]] = {"exporter": [], "sink": []}
+
+
 class Exporter:
     def __init__(self, kubeconfig: str, log: Path, env: dict[str, str] | None = None) -> None:
         import os
@@ -72,6 +77,7 @@ class Exporter:
         self.start = time.monotonic()
         self.proc = subprocess.Popen(
             [
+                *PIN["exporter"],
                 sys.executable,
                 "-m",
                 "otel_dra",
@@ -223,7 +229,7 @@ def run_size(n: int, k: int, workdir: Path, phases: str = "ABCD") -> dict[str, A
 
         # D: OTLP push every 3 s
         sink_port = free_port()
-        sink = subprocess.Popen([sys.executable, "-m", "bench.sink", str(sink_port)])
+        sink = subprocess.Popen([*PIN["sink"], sys.executable, "-m", "bench.sink", str(sink_port)])
         ex = Exporter(
             kubeconfig,
             workdir / f"exporter-otlp-{n}.log",
@@ -261,8 +267,11 @@ def main() -> int:
     parser.add_argument("--scrapes", type=int, default=20)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--phases", default="ABCD", help="which of the phases A-D to run (A always runs)")
+    parser.add_argument("--pin", action="store_true", help="exporter on CPU 0, OTLP sink on CPU 1 (taskset)")
     args = parser.parse_args()
-    results: dict[str, Any] = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "runs": []}
+    if args.pin:
+        PIN.update(exporter=["taskset", "-c", "0"], sink=["taskset", "-c", "1"])
+    results: dict[str, Any] = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "pinned": args.pin, "runs": []}
     with tempfile.TemporaryDirectory(prefix="otel-dra-scale-") as tmp:
         for n in args.claims:
             run = run_size(n, args.scrapes, Path(tmp), args.phases)
