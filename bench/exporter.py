@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,45 +104,78 @@ def timed_scrapes(port: int, count: int, headers: dict[str, str] | None = None) 
     return times, size
 
 
+class Exporter:
+    """``otel-dra exporter`` as its own process, logging to ``log``; ``prefix`` wraps the command
+    (e.g. ``taskset -c 0``)."""
+
+    def __init__(
+        self,
+        kubeconfig: str,
+        log: Path,
+        *,
+        env: dict[str, str] | None = None,
+        extra_args: Sequence[str] = (),
+        prefix: Sequence[str] = (),
+    ) -> None:
+        self.port = free_port()
+        self.log = open(log, "w")  # noqa: SIM115 - closed in stop()
+        self.start = time.monotonic()
+        self.proc = subprocess.Popen(
+            [
+                *prefix,
+                sys.executable,
+                "-m",
+                "otel_dra",
+                "exporter",
+                "--kubeconfig",
+                kubeconfig,
+                "--address",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                *extra_args,
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+
+    def wait_ready(self, timeout: float = 900) -> float:
+        """Seconds from process start to /readyz answering 200."""
+        while get(f"http://127.0.0.1:{self.port}/readyz")[0] != 200:
+            if self.proc.poll() is not None or time.monotonic() - self.start > timeout:
+                raise RuntimeError(f"exporter did not become ready; see {self.log.name}")
+            time.sleep(0.05)
+        return time.monotonic() - self.start
+
+    def rss_mib(self) -> tuple[float, float]:
+        """(VmRSS, VmHWM) in MiB."""
+        st = proc_status(self.proc.pid)
+        return round(st["VmRSS"] / 2**20, 1), round(st["VmHWM"] / 2**20, 1)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(120)
+        self.log.close()
+
+
 def run_size(claims: int, scrapes: int, workdir: Path, extra_args: list[str]) -> dict[str, Any]:
     w = Workload(claims=claims)
     result: dict[str, Any] = {"claims": claims, "slices": w.slices, "devices": w.devices, "classes": w.classes}
     with running(workdir / f"testbed-{claims}", binaries=find_binaries()) as tb:
         admin = KubeClient(load_credentials(str(tb.kubeconfig)), max_connections=32)
         result["load_seconds"] = round(load(admin, w), 1)
-        port = free_port()
-        log = open(workdir / f"exporter-{claims}.log", "w")  # noqa: SIM115 - closed in finally
-        start = time.monotonic()
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "otel_dra",
-                "exporter",
-                "--kubeconfig",
-                str(tb.kubeconfig),
-                "--address",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                *extra_args,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        ex = Exporter(str(tb.kubeconfig), workdir / f"exporter-{claims}.log", extra_args=extra_args)
         try:
-            while get(f"http://127.0.0.1:{port}/readyz")[0] != 200:
-                if proc.poll() is not None or time.monotonic() - start > 600:
-                    raise RuntimeError(f"exporter did not become ready; see {log.name}")
-                time.sleep(0.05)
-            result["initial_sync_seconds"] = round(time.monotonic() - start, 2)
-            timed_scrapes(port, 2)  # warm-up: the first scrape joins the freshly filled cache
+            result["initial_sync_seconds"] = round(ex.wait_ready(timeout=600), 2)
+            timed_scrapes(ex.port, 2)  # warm-up: the first scrape joins the freshly filled cache
             before = api_requests(admin)
-            plain, size = timed_scrapes(port, scrapes)
-            gz, gz_size = timed_scrapes(port, scrapes, {"Accept-Encoding": "gzip"})
+            plain, size = timed_scrapes(ex.port, scrapes)
+            gz, gz_size = timed_scrapes(ex.port, scrapes, {"Accept-Encoding": "gzip"})
             after = api_requests(admin)
-            _code, body = get(f"http://127.0.0.1:{port}/metrics")
+            _code, body = get(f"http://127.0.0.1:{ex.port}/metrics")
             series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+            rss, peak = ex.rss_mib()
             result.update(
                 {
                     "series": series,
@@ -153,14 +187,12 @@ def run_size(claims: int, scrapes: int, workdir: Path, extra_args: list[str]) ->
                     "gzip_p50_ms": round(statistics.median(gz) * 1000, 1),
                     "gzip_p95_ms": round(percentile(gz, 0.95) * 1000, 1),
                     "api_requests_per_scrape": (after - before) / (2 * scrapes),
-                    "rss_mib": round(proc_status(proc.pid)["VmRSS"] / 2**20, 1),
-                    "peak_rss_mib": round(proc_status(proc.pid)["VmHWM"] / 2**20, 1),
+                    "rss_mib": rss,
+                    "peak_rss_mib": peak,
                 }
             )
         finally:
-            proc.terminate()
-            proc.wait(30)
-            log.close()
+            ex.stop()
     return result
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.baseline import scrape_once
-from bench.exporter import api_requests, free_port, get, machine, percentile, proc_status
+from bench.exporter import Exporter, api_requests, free_port, get, machine, percentile
 from bench.workload import Workload, load
 from otel_dra.kube.client import KubeClient, load_credentials
 from otel_dra.testbed import find_binaries, running
@@ -66,49 +66,6 @@ def self_metric(port: int, name: str, exporter: str) -> tuple[float, float]:
 # --pin: the exporter runs on CPU 0 and the OTLP sink on CPU 1, so that a receiver on the same
 # machine does not take the exporter's CPU (as a Collector on another node would not).
 PIN: dict[str, list[str]] = {"exporter": [], "sink": []}
-
-
-class Exporter:
-    def __init__(self, kubeconfig: str, log: Path, env: dict[str, str] | None = None) -> None:
-        import os
-
-        self.port = free_port()
-        self.log = open(log, "w")  # noqa: SIM115 - closed in stop()
-        self.start = time.monotonic()
-        self.proc = subprocess.Popen(
-            [
-                *PIN["exporter"],
-                sys.executable,
-                "-m",
-                "otel_dra",
-                "exporter",
-                "--kubeconfig",
-                kubeconfig,
-                "--address",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-        )
-
-    def wait_ready(self) -> float:
-        while get(f"http://127.0.0.1:{self.port}/readyz")[0] != 200:
-            if self.proc.poll() is not None or time.monotonic() - self.start > 900:
-                raise RuntimeError(f"exporter did not become ready; see {self.log.name}")
-            time.sleep(0.05)
-        return time.monotonic() - self.start
-
-    def rss_mib(self) -> tuple[float, float]:
-        st = proc_status(self.proc.pid)
-        return round(st["VmRSS"] / 2**20, 1), round(st["VmHWM"] / 2**20, 1)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(120)
-        self.log.close()
 
 
 def lag_probes(admin: KubeClient, port: int, count: int) -> list[float]:
@@ -180,7 +137,7 @@ def run_size(n: int, k: int, workdir: Path, phases: str = "ABCD") -> dict[str, A
         print(f"[{n}] loaded in {r['load_s']}s", flush=True)
 
         # A: Prometheus only
-        ex = Exporter(kubeconfig, workdir / f"exporter-{n}.log")
+        ex = Exporter(kubeconfig, workdir / f"exporter-{n}.log", prefix=PIN["exporter"])
         r["initial_sync_s"] = round(ex.wait_ready(), 2)
         for _ in range(2):
             curl_time(ex.port)
@@ -233,11 +190,12 @@ def run_size(n: int, k: int, workdir: Path, phases: str = "ABCD") -> dict[str, A
         ex = Exporter(
             kubeconfig,
             workdir / f"exporter-otlp-{n}.log",
-            {
+            env={
                 "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}",
                 "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
                 "OTEL_METRIC_EXPORT_INTERVAL": "3000",
             },
+            prefix=PIN["exporter"],
         )
         r["otlp_initial_sync_s"] = round(ex.wait_ready(), 2)
         deadline = time.monotonic() + 600
