@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install peers lint test test-unit run bench bench-scale manifests ci clean
+.PHONY: install peers protos lint test test-unit run bench bench-scale manifests ci clean
 
 install: $(VENV)/.installed
 
@@ -19,9 +19,14 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 peers: install
 	$(BIN)/otel-dra testbed build --helm
 
+# Python gRPC stubs under otel_dra/_generated from proto/ (committed; tests/unit/test_protos.py
+# fails when they drift from the .proto files).
+protos: install
+	$(BIN)/python proto/generate.py
+
 lint: install
-	$(BIN)/ruff check otel_dra tests bench
-	$(BIN)/ruff format --check otel_dra tests bench
+	$(BIN)/ruff check otel_dra tests bench proto
+	$(BIN)/ruff format --check otel_dra tests bench proto
 	$(BIN)/mypy
 
 test-unit: install
