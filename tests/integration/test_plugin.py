@@ -7,12 +7,14 @@ import json
 import shutil
 import socket
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
+import pynvml
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -22,6 +24,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_dra.cli import PluginApp, start_plugin
 from otel_dra.plugin.devices import simulated_devices
+from otel_dra.plugin.nvml import DiscoveryError
 from otel_dra.plugin.server import AlreadyRunning
 from tests.helpers import wait_until
 from tests.integration.plugin_helpers import (
@@ -213,9 +216,15 @@ def test_nvml_devices_published_and_republished_on_change(start, node, admin_cli
 # --- prepare / unprepare -------------------------------------------------------------------------------
 
 
+def _published(app: PluginApp) -> None:
+    """Wait until the first publish (a GET, then a POST) is over, so request counts stay still."""
+    wait_until(lambda: metric(app.metrics_port, "rest_client_requests_total", code="201", method="POST") == 1)
+
+
 def test_prepare_and_unprepare(start, kubelet, dirs, node, namespace, admin_client):
-    app = start(node)
+    app = start(node, resync=3600)
     port = app.metrics_port
+    _published(app)
     prepared = "dra_example_driver_prepare_claims_total"
     histogram = "dra_example_driver_prepare_claim_duration_seconds_count"
     assert metric(port, prepared, result="success") == 0
@@ -347,8 +356,9 @@ def test_prepare_error_paths(start, kubelet, node, namespace, admin_client):
 
 
 def test_prepare_while_api_server_is_down(testbed, start, kubelet, node, namespace, admin_client):
-    app = start(node)
+    app = start(node, resync=3600)
     port = app.metrics_port
+    _published(app)
     claim = make_claim(admin_client, namespace, f"outage-{node}", [result(node, "gpu-2")])
     uid = claim["metadata"]["uid"]
     testbed.stop_apiserver()
@@ -382,12 +392,15 @@ def test_restart_between_prepare_and_unprepare(start, kubelet, dirs, node, names
     admin_client.request("DELETE", f"{CLAIMS.format(ns=namespace)}/{ref(claim)[2]}")
 
     second = start(node)
-    kubelet.get_info()
-    after = kubelet.prepare([ref(claim)])  # the kubelet re-prepares running pods after a restart
-    assert after == before
-    (span,) = _claim_spans(second, uid)
-    assert span.attributes["dra.claim.cached"] is True
-    assert kubelet.unprepare([ref(claim)]).claims[uid].error == ""
+    kubelet = Kubelet(dirs)  # a new connection, as a restarted plugin gets
+    try:
+        after = kubelet.prepare([ref(claim)])  # the kubelet re-prepares running pods after a restart
+        assert after == before
+        (span,) = _claim_spans(second, uid)
+        assert span.attributes["dra.claim.cached"] is True
+        assert kubelet.unprepare([ref(claim)]).claims[uid].error == ""
+    finally:
+        kubelet.close()
     assert not dirs.cdi_spec(uid).exists()
     assert read_checkpoint(dirs) == {}
 
@@ -419,3 +432,16 @@ def test_stale_sockets_are_replaced(start, kubelet, dirs, node):
         s.close()  # a socket file nobody listens on, as a crashed plugin leaves it
     start(node)
     assert kubelet.get_info().name == DRIVER
+
+
+def test_fatal_background_error_is_counted_and_reported(start, node, admin_client):
+    fake = FakeNvml([FakeGpu()])
+    fatal = threading.Event()
+    app = start(node, device_source="nvml", nvml=fake, resync=3600, on_fatal=lambda exc: fatal.set())
+    wait_until(lambda: own_slices(admin_client, node), what="NVML slice")
+    assert metric(app.metrics_port, "dra_example_driver_fatal_background_errors_total") == 0
+    fake.init_error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED  # the driver goes away under the plugin
+    app.publisher.trigger()
+    assert fatal.wait(10)
+    assert isinstance(app.fatal, DiscoveryError)
+    assert metric(app.metrics_port, "dra_example_driver_fatal_background_errors_total") == 1

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import wait_until
+from tests.helpers import scrape, wait_until
 from tests.integration.plugin_helpers import DRIVER, Dirs, Kubelet, ensure_namespace, make_claim, metric, ref, result
 from tests.otlp_receiver import OtlpReceiver
 
@@ -141,6 +141,10 @@ def test_cli_traces_to_otlp_with_incoming_traceparent(testbed, admin_client, dir
         assert dirs.cdi_spec(uid).exists()
         assert metric(metrics_port, "dra_example_driver_prepare_claims_total", result="success") == 1
         assert metric(metrics_port, "dra_example_driver_prepare_claim_duration_seconds_count", result="success") == 1
+        code, text = scrape(metrics_port)
+        if shutil.which("promtool"):
+            check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+            assert check.returncode == 0, check.stdout + check.stderr
 
         def ours() -> list:
             spans = [(r, s) for r, s in _spans(receiver) if s.trace_id.hex() == trace_id]
