@@ -488,16 +488,16 @@ def start_plugin(
     from otel_dra.plugin.slices import SlicePublisher
     from otel_dra.telemetry.exposition import assemble
     from otel_dra.telemetry.http import Endpoints, MetricsServer
-    from otel_dra.telemetry.provider import build_metrics_pipeline
+    from otel_dra.telemetry.provider import build_metrics_pipeline, make_resource
     from otel_dra.telemetry.tracing import TracingPipeline, build_tracing_pipeline
 
     credentials = load_credentials(kubeconfig)
     log.info("using Kubernetes credentials from %s (server %s)", credentials.source, credentials.host)
-    tracing = build_tracing_pipeline(service_name="otel-dra-plugin", version=__version__)
     if tracer_provider is not None:
-        tracing.shutdown()
-        tracing = TracingPipeline(tracer_provider, tracing.resource)
-    elif tracing.enabled:
+        tracing = TracingPipeline(tracer_provider, make_resource("otel-dra-plugin", __version__))
+    else:
+        tracing = build_tracing_pipeline(service_name="otel-dra-plugin", version=__version__)
+    if tracing.enabled:
         log.info("exporting traces (%s) to %s", tracing.exporter_name, tracing.otlp.endpoint if tracing.otlp else "-")
     pipeline = build_metrics_pipeline(service_name="otel-dra-plugin", version=__version__)
     if pipeline.otlp is not None:

@@ -40,7 +40,8 @@ def slice_name(node_name: str, driver_name: str, index: int) -> str:
     if len(name) <= _MAX_NAME:
         return name
     digest = hashlib.sha256(f"{node_name}/{driver_name}".encode()).hexdigest()[:16]
-    return f"{node_name[: _MAX_NAME - len(digest) - 12]}-{digest}-{index}"
+    prefix = node_name[: _MAX_NAME - len(digest) - 12].rstrip(".-")  # a label may not end in . or -
+    return f"{prefix}-{digest}-{index}"
 
 
 def _comparable(devices: Sequence[Any]) -> list[Any]:
