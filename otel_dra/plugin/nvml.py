@@ -173,3 +173,21 @@ def discover(nvml: Any | None = None) -> list[Device]:
             nvml.nvmlShutdown()
         except nvml.NVMLError:  # nothing to do about it; the devices were read
             log.debug("nvmlShutdown failed", exc_info=True)
+
+
+def main() -> int:
+    """``python -m otel_dra.plugin.nvml``: print what this node would publish, as JSON."""
+    import json
+    import sys
+
+    try:
+        devices = discover()
+    except DiscoveryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps([d.to_api() for d in devices], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
