@@ -177,10 +177,11 @@ def test_slices_republished_on_change_and_cleaned_up(start, node, admin_client):
     a.stop()
 
     # More devices than one slice holds: two slices, a new generation.
-    start(node, num_devices=130)
+    b = start(node, num_devices=130)
     big = wait_until(slices_with(2, 2), what="two slices")
     assert [len(s["spec"]["devices"]) for s in big] == [128, 2]
     assert {s["spec"]["pool"]["resourceSliceCount"] for s in big} == {2}
+    b.stop()
     # Fewer again: the second slice is deleted.
     c = start(node, num_devices=2)
     (small,) = wait_until(slices_with(1, 3), what="shrunk to one slice")
