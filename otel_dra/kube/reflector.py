@@ -86,8 +86,10 @@ class Reflector:
         watch_timeout: tuple[int, int] = (240, 420),
         backoff: tuple[float, float] = (0.5, 30.0),
         clock: Callable[[], float] = time.monotonic,
+        field_selector: str = "",
     ) -> None:
         self.client = client
+        self.field_selector = field_selector  # e.g. "spec.nodeName=node-1": list and watch alike
         self.resource = resource
         self.handler = handler
         self.events = events
@@ -210,7 +212,7 @@ class Reflector:
             token: str | None = None
             try:
                 while True:
-                    query: dict[str, str | int] = {"limit": self.page_size}
+                    query: dict[str, str | int] = {"limit": self.page_size, "fieldSelector": self.field_selector}
                     if token:
                         query["continue"] = token
                     page = self.client.get_json(self.resource.path, query)
@@ -252,6 +254,7 @@ class Reflector:
             "allowWatchBookmarks": "true",
             "resourceVersion": resource_version,
             "timeoutSeconds": timeout,
+            "fieldSelector": self.field_selector,
         }
         try:
             resp = self.client.request(
