@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,8 +135,20 @@ class PluginProcess:
                 self.process.wait()
 
 
-def start_plugin(node: str, root: Path, kubeconfig: str, metrics_port: int, driver: str = DRIVER) -> PluginProcess:
-    """Run ``otel-dra plugin`` for ``node`` as its own process, like the DaemonSet pod on that node."""
+def start_plugin(
+    node: str,
+    root: Path,
+    kubeconfig: str,
+    metrics_port: int,
+    *,
+    driver: str = DRIVER,
+    num_devices: int = 8,
+    env: Mapping[str, str] | None = None,
+) -> PluginProcess:
+    """Run ``otel-dra plugin`` for ``node`` as its own process, like the DaemonSet pod on that node.
+
+    ``env`` replaces this process's environment (default: inherited, so ``OTEL_*`` settings reach
+    the plugins)."""
     base = root / node
     for sub in ("plugins", "plugins_registry", "cdi"):
         (base / sub).mkdir(parents=True, exist_ok=True)
@@ -152,10 +165,12 @@ def start_plugin(node: str, root: Path, kubeconfig: str, metrics_port: int, driv
         f"--kubelet-registrar-directory-path={base / 'plugins_registry'}",
         f"--cdi-root={base / 'cdi'}",
         f"--metrics-port={metrics_port}",
+        f"--num-devices={num_devices}",
     ]
-    env = {**os.environ, "OTEL_SERVICE_NAME": os.environ.get("OTEL_SERVICE_NAME", "otel-dra-plugin")}
+    environ = dict(os.environ if env is None else env)
+    environ.setdefault("OTEL_SERVICE_NAME", "otel-dra-plugin")
     with open(log_path, "ab") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=environ, start_new_session=True)
     return PluginProcess(node, metrics_port, process, log_path)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +20,21 @@ DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 class KubeletSim:
     """``nodes``: node name -> the registry directory its plugins register in."""
 
-    def __init__(self, client: KubeClient, nodes: Mapping[str, Path], *, workers: int = 4, tracer: Any = None) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        nodes: Mapping[str, Path],
+        *,
+        workers: int = 4,
+        tracer: Any = None,
+        on_rpc: Callable[[str, int, float], None] | None = None,
+    ) -> None:
         if not nodes:
             raise ValueError("kubelet-sim needs at least one node")
         self.client = client
         self.nodes = dict(nodes)
         self.watchers = {node: PluginWatcher(node, path) for node, path in self.nodes.items()}
-        self.pods = PodSync(client, self.watchers, workers=workers, tracer=tracer)
+        self.pods = PodSync(client, self.watchers, workers=workers, tracer=tracer, on_rpc=on_rpc)
 
     def start(self) -> KubeletSim:
         for node in self.nodes:
