@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -121,8 +122,48 @@ def load_credentials(kubeconfig: str | None = None, env: Mapping[str, str] | Non
     )
 
 
-# (method, path, HTTP status or 0 when there was no answer, seconds) -> None
-RequestObserver = Callable[[str, str, int, float], None]
+@dataclass(frozen=True)
+class RequestRecord:
+    """One attempt of one API request, as seen by a :data:`RequestObserver`."""
+
+    method: str
+    host: str  # host:port of the API server, as client-go's ``host`` label
+    path: str
+    status: int  # HTTP status, or 0 when the API server did not answer
+    seconds: float
+    retried: bool  # this attempt failed and the client is going to try again
+
+
+# Called once per attempt (a retried request makes several calls), from the requesting thread.
+RequestObserver = Callable[[RequestRecord], None]
+
+RETRYABLE_STATUSES = frozenset({0, 429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded retries with exponential backoff for requests that are safe to repeat.
+
+    Only ``methods`` (idempotent by HTTP semantics; a PUT carries a resourceVersion, so a repeat
+    cannot overwrite someone else's change) are retried, and only on ``statuses`` (0: no answer,
+    e.g. connection refused or reset). A ``Retry-After`` answer is honoured up to ``max_delay``.
+    """
+
+    max_retries: int = 3
+    base_delay: float = 0.1
+    max_delay: float = 2.0
+    methods: frozenset[str] = frozenset({"GET", "HEAD", "PUT", "DELETE"})
+    statuses: frozenset[int] = RETRYABLE_STATUSES
+
+    def delay(self, attempt: int, retry_after: str | None = None) -> float:
+        """Seconds to wait before retry number ``attempt`` (1-based)."""
+        if retry_after:
+            try:
+                return min(max(float(retry_after), 0.0), self.max_delay)
+            except ValueError:
+                pass  # an HTTP date: fall back to our own backoff
+        backoff: float = min(self.base_delay * 2 ** (attempt - 1), self.max_delay)
+        return backoff * random.uniform(0.5, 1.0)  # jitter: retrying clients do not move in lockstep
 
 
 class KubeClient:
@@ -133,12 +174,14 @@ class KubeClient:
         credentials: Credentials,
         *,
         observer: RequestObserver | None = None,
+        retry: RetryPolicy | None = None,
         user_agent: str = "otel-dra",
         max_connections: int = 8,
     ) -> None:
         self.credentials = credentials
         self.host = credentials.host
         self._observer = observer
+        self._retry = retry
         self._user_agent = user_agent
         self._netloc = urlsplit(credentials.host).netloc
         kwargs: dict[str, Any] = {"maxsize": max_connections, "retries": False}
@@ -165,22 +208,49 @@ class KubeClient:
         timeout: tuple[float, float] = (10.0, 60.0),
         stream: bool = False,
         content_type: str = "application/json",
+        headers: Mapping[str, str] | None = None,
     ) -> urllib3.BaseHTTPResponse:
         """One API request. Raises :class:`ApiError` for transport errors and non-2xx answers.
 
-        With ``stream=True`` the caller reads (and must release) the body.
+        With ``stream=True`` the caller reads (and must release) the body. With a retry policy,
+        failed attempts of idempotent requests are repeated (see :class:`RetryPolicy`).
         """
         url = self.host + path
         if query:
             url += "?" + urlencode({k: v for k, v in query.items() if v is not None and v != ""})
-        headers = {"Accept": "application/json", "User-Agent": self._user_agent}
-        headers.update(self.credentials.auth_headers())
         data: bytes | None = None
         if body is not None:
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        policy = self._retry if self._retry is not None and method in self._retry.methods else None
+        attempt = 0
+        while True:
+            try:
+                return self._attempt(method, path, url, data, content_type, headers, timeout, stream, policy, attempt)
+            except _Retry as retry:
+                attempt += 1
+                assert policy is not None
+                time.sleep(policy.delay(attempt, retry.retry_after))
+
+    def _attempt(
+        self,
+        method: str,
+        path: str,
+        url: str,
+        data: bytes | None,
+        content_type: str,
+        extra_headers: Mapping[str, str] | None,
+        timeout: tuple[float, float],
+        stream: bool,
+        policy: RetryPolicy | None,
+        attempt: int,
+    ) -> urllib3.BaseHTTPResponse:
+        headers = {"Accept": "application/json", "User-Agent": self._user_agent}
+        if extra_headers:
+            headers.update(extra_headers)
+        headers.update(self.credentials.auth_headers())
+        if data is not None:
             headers["Content-Type"] = content_type
         start = time.monotonic()
-        status = 0
         try:
             resp = self._pool.request(
                 method,
@@ -191,21 +261,44 @@ class KubeClient:
                 preload_content=not stream,
                 redirect=False,
             )
-            status = resp.status
         except urllib3.exceptions.HTTPError as exc:
+            retry = policy is not None and attempt < policy.max_retries and 0 in policy.statuses
+            self._observe(method, path, 0, start, retry)
+            if retry:
+                raise _Retry(None) from exc
             raise ApiError(0, f"{method} {self._netloc}{path}: {exc}") from exc
-        finally:
-            if self._observer is not None:
-                self._observer(method, path, status, time.monotonic() - start)
+        status = resp.status
+        retry = policy is not None and attempt < policy.max_retries and status in policy.statuses
+        self._observe(method, path, status, start, retry)
         if status >= 300:
             text = resp.data.decode("utf-8", "replace") if not stream else resp.read().decode("utf-8", "replace")
             if stream:
                 resp.release_conn()
+            if retry:
+                raise _Retry(resp.headers.get("Retry-After"))
             raise ApiError(status, resp.reason or "", text)
         return resp
 
-    def get_json(self, path: str, query: Mapping[str, str | int] | None = None) -> Any:
-        return json.loads(self.request("GET", path, query=query).data)
+    def _observe(self, method: str, path: str, status: int, start: float, retried: bool) -> None:
+        if self._observer is not None:
+            self._observer(RequestRecord(method, self._netloc, path, status, time.monotonic() - start, retried))
+
+    def get_json(
+        self,
+        path: str,
+        query: Mapping[str, str | int] | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: tuple[float, float] = (10.0, 60.0),
+    ) -> Any:
+        return json.loads(self.request("GET", path, query=query, headers=headers, timeout=timeout).data)
 
     def send_json(self, method: str, path: str, body: Any, content_type: str = "application/json") -> Any:
         return json.loads(self.request(method, path, body=body, content_type=content_type).data)
+
+
+class _Retry(Exception):
+    """Internal: the attempt failed in a way the retry policy repeats."""
+
+    def __init__(self, retry_after: str | None) -> None:
+        self.retry_after = retry_after

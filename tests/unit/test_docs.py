@@ -9,6 +9,10 @@ from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricR
 
 from otel_dra.cluster import deviceclass, resourceclaim, resourceslice
 from otel_dra.cluster.exporter import ClusterState
+from otel_dra.kube.client import RequestRecord
+from otel_dra.plugin import driver as plugin_driver
+from otel_dra.plugin import metrics as plugin_metrics
+from otel_dra.plugin import server as plugin_server
 from otel_dra.telemetry.naming import prometheus_name
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
@@ -75,7 +79,70 @@ def test_self_metrics_documented():
                     kind,
                     ", ".join(point.attributes.keys()),
                 )
-    rows = {k: v for k, v in _table_rows().items() if not k.startswith("kube_")}
+    plugin = {i.name for i in plugin_metrics.INSTRUMENTS}
+    rows = {k: v for k, v in _table_rows().items() if not k.startswith("kube_") and k not in plugin}
     documented = {name: (r[1], r[2], r[3], r[4]) for name, r in rows.items()}
     assert exported == documented
     provider.shutdown()
+
+
+def test_plugin_metrics_documented():
+    """Every plugin instrument, as the SDK exports it, is a row of the plugin table."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    m = plugin_metrics.PluginMetrics(provider)
+    m.prepared(True, 0.01)
+    m.unprepared(True, 0.01)
+    m.observe_request(RequestRecord("GET", "h:1", "/", 503, 0.01, True))
+    exported = {}
+    for rm in reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                point = metric.data.data_points[0]
+                counter = isinstance(metric.data, Sum) and metric.data.is_monotonic
+                kind = "histogram" if isinstance(point, HistogramDataPoint) else "counter" if counter else "gauge"
+                exported[metric.name] = (
+                    metric.unit,
+                    prometheus_name(metric.name, metric.unit, counter=counter),
+                    kind,
+                    ", ".join(sorted(point.attributes.keys())),
+                    "beta",
+                )
+    provider.shutdown()
+    names = {i.name for i in plugin_metrics.INSTRUMENTS}
+    assert set(exported) == names
+    rows = _table_rows()
+    documented = {
+        name: (r[1], r[2], r[3], ", ".join(sorted(filter(None, r[4].split(", ")))), r[5])
+        for name, r in rows.items()
+        if name in names
+    }
+    assert exported == documented
+    # The upstream names, byte for byte.
+    assert sorted(v[1] for v in exported.values()) == [
+        "dra_example_driver_fatal_background_errors_total",
+        "dra_example_driver_prepare_claim_duration_seconds",
+        "dra_example_driver_prepare_claims_total",
+        "dra_example_driver_unprepare_claim_duration_seconds",
+        "dra_example_driver_unprepare_claims_total",
+        "rest_client_request_duration_seconds",
+        "rest_client_request_retries_total",
+        "rest_client_requests_total",
+    ]
+
+
+def test_plugin_span_attributes_documented():
+    text = DOC.read_text()
+    section = text[text.index("## Plugin traces") :]
+    constants = [
+        getattr(module, name)
+        for module in (plugin_driver, plugin_server)
+        for name in dir(module)
+        if name.isupper() and isinstance(getattr(module, name), str)
+    ]
+    attributes = [
+        c for c in constants if c.startswith(("dra.", "rpc.", "k8s.", "http.", "url.", "server.", "error.", "network."))
+    ]
+    assert len(attributes) >= 20
+    for attribute in attributes:
+        assert f"`{attribute}`" in section, f"span attribute {attribute} is not documented in docs/metrics.md"

@@ -1,0 +1,73 @@
+"""CDI (Container Device Interface) spec files that tell the container runtime what to inject.
+
+As in dra-example-driver: vendor ``k8s.<driver>`` and class ``gpu`` make the kind
+``k8s.<driver>/gpu``. One spec file holds the ``common`` device (node and driver name as
+environment variables) and each prepared claim gets a transient spec file of its own with devices
+``<claimUID>-<device>``. A container gets ``<kind>=common`` plus its claim's devices.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from otel_dra.plugin.files import remove_durably, write_atomic
+
+CDI_VERSION = "0.5.0"
+CDI_CLASS = "gpu"
+COMMON_DEVICE = "common"
+
+
+class CdiWriter:
+    def __init__(self, root: Path, driver_name: str, node_name: str) -> None:
+        self.root = root
+        self.driver_name = driver_name
+        self.node_name = node_name
+        self.vendor = f"k8s.{driver_name}"
+        self.kind = f"{self.vendor}/{CDI_CLASS}"
+
+    def _spec_path(self, transient_id: str) -> Path:
+        # The CDI library's transient spec name: <vendor>-<class>_<id>.
+        return self.root / f"{self.vendor}-{CDI_CLASS}_{transient_id}.json"
+
+    def claim_spec_path(self, claim_uid: str) -> Path:
+        return self._spec_path(claim_uid)
+
+    def _spec(self, devices: list[dict[str, Any]]) -> bytes:
+        spec = {"cdiVersion": CDI_VERSION, "kind": self.kind, "devices": devices}
+        return (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode()
+
+    def write_common(self) -> Path:
+        """The spec of the ``common`` device, written at start-up."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        env = [f"KUBERNETES_NODE_NAME={self.node_name}", f"DRA_RESOURCE_DRIVER_NAME={self.driver_name}"]
+        path = self._spec_path(COMMON_DEVICE)
+        write_atomic(path, self._spec([{"name": COMMON_DEVICE, "containerEdits": {"env": env}}]))
+        return path
+
+    def device_ids(self, claim_uid: str, device_name: str) -> list[str]:
+        """The fully qualified CDI device ids returned to the kubelet for one allocated device."""
+        return [f"{self.kind}={COMMON_DEVICE}", f"{self.kind}={claim_uid}-{device_name}"]
+
+    def write_claim(self, claim_uid: str, device_names: Sequence[str]) -> Path:
+        """The transient spec of one claim: each device exports ``GPU_DEVICE_<suffix>=<device>``
+        (``gpu-3`` -> ``GPU_DEVICE_3``), unique on the node, so a container with several claims
+        sees them all."""
+        devices = [
+            {"name": f"{claim_uid}-{name}", "containerEdits": {"env": [f"{env_name(name)}={name}"]}}
+            for name in device_names
+        ]
+        path = self.claim_spec_path(claim_uid)
+        write_atomic(path, self._spec(devices))
+        return path
+
+    def remove_claim(self, claim_uid: str) -> bool:
+        """Delete the claim's spec file; False when there was none (already unprepared)."""
+        return remove_durably(self.claim_spec_path(claim_uid))
+
+
+def env_name(device_name: str) -> str:
+    return "GPU_DEVICE_" + re.sub(r"[^A-Za-z0-9]", "_", device_name.removeprefix("gpu-")).upper()

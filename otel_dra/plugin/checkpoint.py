@@ -1,0 +1,123 @@
+"""The checkpoint: which claims this plugin has prepared, and what it returned for them.
+
+A JSON file under the plugin's directory, replaced atomically on every change, so that prepare
+stays idempotent across plugin restarts (the kubelet repeats NodePrepareResources for running
+pods after a restart, and must get the same devices back) and unprepare still knows what to
+remove.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from otel_dra.plugin.files import write_atomic
+
+VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """The checkpoint file exists but cannot be used; the message names it."""
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    request_names: tuple[str, ...]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PreparedClaim:
+    namespace: str
+    name: str
+    devices: tuple[PreparedDevice, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "namespace": self.namespace,
+            "name": self.name,
+            "devices": [
+                {**asdict(d), "request_names": list(d.request_names), "cdi_device_ids": list(d.cdi_device_ids)}
+                for d in self.devices
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> PreparedClaim:
+        if not isinstance(data, dict) or not isinstance(data.get("devices"), list):
+            raise ValueError("not a prepared-claim entry")
+        devices = []
+        for d in data["devices"]:
+            devices.append(
+                PreparedDevice(
+                    request_names=tuple(str(r) for r in d["request_names"]),
+                    pool_name=str(d["pool_name"]),
+                    device_name=str(d["device_name"]),
+                    cdi_device_ids=tuple(str(c) for c in d["cdi_device_ids"]),
+                )
+            )
+        return cls(namespace=str(data["namespace"]), name=str(data["name"]), devices=tuple(devices))
+
+
+class Checkpoint:
+    """Prepared claims by UID, in memory and on disk. Thread-safe."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._claims: dict[str, PreparedClaim] = self._load()
+
+    def _load(self) -> dict[str, PreparedClaim]:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise CheckpointError(f"cannot read checkpoint {self.path}: {exc}") from exc
+        try:
+            data = json.loads(raw)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+            if data.get("version") != VERSION:
+                raise ValueError(f"unknown format version {data.get('version')!r}")
+            claims = data["claims"]
+            if not isinstance(claims, dict):
+                raise ValueError("'claims' is not an object")
+            return {str(uid): PreparedClaim.from_json(entry) for uid, entry in claims.items()}
+        except (ValueError, KeyError, TypeError) as exc:
+            # Refuse rather than start empty: an empty checkpoint would forget prepared claims whose
+            # CDI files then never get removed. The operator decides (fix or delete the file).
+            raise CheckpointError(f"checkpoint {self.path} is unreadable ({exc}); fix or remove it") from exc
+
+    def _save(self, claims: dict[str, PreparedClaim]) -> None:
+        data = {"version": VERSION, "claims": {uid: c.to_json() for uid, c in sorted(claims.items())}}
+        write_atomic(self.path, (json.dumps(data, indent=1) + "\n").encode(), mode=0o600)
+
+    def get(self, uid: str) -> PreparedClaim | None:
+        with self._lock:
+            return self._claims.get(uid)
+
+    def uids(self) -> list[str]:
+        with self._lock:
+            return sorted(self._claims)
+
+    def put(self, uid: str, claim: PreparedClaim) -> None:
+        """Record a prepared claim; on a write error nothing changes (memory follows the disk)."""
+        with self._lock:
+            claims = {**self._claims, uid: claim}
+            self._save(claims)
+            self._claims = claims
+
+    def remove(self, uid: str) -> bool:
+        with self._lock:
+            if uid not in self._claims:
+                return False
+            claims = {k: v for k, v in self._claims.items() if k != uid}
+            self._save(claims)
+            self._claims = claims
+            return True

@@ -1,0 +1,345 @@
+"""Prepare and unprepare: what the plugin does when the kubelet calls it.
+
+Prepare reads the ResourceClaim from the API server (the kubelet sends only namespace, name and
+UID), checks the UID, takes the allocation results for this driver and this node's pool, writes a
+CDI spec for the claim, records it in the checkpoint and returns the CDI device ids. Unprepare
+removes the spec and the checkpoint entry. Both are idempotent; failures are reported per claim
+(the kubelet retries those claims), never as a failed RPC.
+
+Every claim is one span (a child of the RPC's span, see :mod:`otel_dra.plugin.server`) with
+children for reading the claim, writing the CDI spec and writing the checkpoint. Attribute names:
+docs/metrics.md#plugin-traces.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from otel_dra import __version__
+from otel_dra.kube.client import ApiError, KubeClient
+from otel_dra.plugin.cdi import CdiWriter
+from otel_dra.plugin.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from otel_dra.plugin.devices import Device
+from otel_dra.plugin.metrics import PluginMetrics
+
+log = logging.getLogger(__name__)
+
+TRACER_SCOPE = "otel_dra.plugin"
+
+# --- span attributes ---------------------------------------------------------------------------
+# Semantic-convention names where they exist ...
+K8S_NAMESPACE = "k8s.namespace.name"
+ERROR_TYPE = "error.type"
+HTTP_METHOD = "http.request.method"
+HTTP_STATUS = "http.response.status_code"
+URL_FULL = "url.full"
+URL_TEMPLATE = "url.template"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+# ... project-defined ones otherwise (documented in docs/metrics.md).
+CLAIM_NAME = "dra.claim.name"
+CLAIM_UID = "dra.claim.uid"
+DRIVER = "dra.driver.name"
+POOL = "dra.pool.name"
+DEVICES = "dra.devices"
+RESULT = "dra.result"
+CACHED = "dra.claim.cached"
+CDI_SPEC = "dra.cdi.spec_file"
+
+CLAIM_URL_TEMPLATE = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
+
+# Kubernetes object names and namespaces; UIDs become file names, so no path characters.
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+_LOCK_STRIPES = 64
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """A claim as the kubelet names it."""
+
+    namespace: str
+    uid: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name} (uid {self.uid})"
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
+class ClaimError(Exception):
+    """Preparing or unpreparing one claim failed; ``kind`` is a short, bounded error type."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class Inventory:
+    """The devices this node publishes, by name. Thread-safe; replaced when discovery changes."""
+
+    def __init__(self, devices: Sequence[Device] = ()) -> None:
+        self._lock = threading.Lock()
+        self._devices: dict[str, Device] = {d.name: d for d in devices}
+
+    def replace(self, devices: Sequence[Device]) -> None:
+        with self._lock:
+            self._devices = {d.name: d for d in devices}
+
+    def get(self, name: str) -> Device | None:
+        with self._lock:
+            return self._devices.get(name)
+
+    def devices(self) -> list[Device]:
+        with self._lock:
+            return list(self._devices.values())
+
+
+class Driver:
+    def __init__(
+        self,
+        *,
+        client: KubeClient,
+        driver_name: str,
+        node_name: str,
+        inventory: Inventory,
+        cdi: CdiWriter,
+        checkpoint: Checkpoint,
+        metrics: PluginMetrics,
+        tracer_provider: trace.TracerProvider,
+        api_timeout: tuple[float, float] = (5.0, 15.0),
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.client = client
+        self.driver_name = driver_name
+        self.node_name = node_name
+        self.pool_name = node_name  # one pool per node, named after it (as the example driver)
+        self.inventory = inventory
+        self.cdi = cdi
+        self.checkpoint = checkpoint
+        self.metrics = metrics
+        self.tracer = tracer_provider.get_tracer(TRACER_SCOPE, __version__)
+        self._api_timeout = api_timeout
+        self._clock = clock
+        self._propagator = TraceContextTextMapPropagator()
+        self._stripes = [threading.Lock() for _ in range(_LOCK_STRIPES)]
+        api = urlsplit(client.host)
+        self._api_address = api.hostname or ""
+        self._api_port = api.port or (443 if api.scheme == "https" else 80)
+
+    @contextmanager
+    def _claim_lock(self, uid: str) -> Iterator[None]:
+        """Serialises work on one claim (prepare vs unprepare) without serialising all claims."""
+        with self._stripes[hash(uid) % _LOCK_STRIPES]:
+            yield
+
+    # --- the two operations --------------------------------------------------------------------
+    def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
+        return {ref.uid: self._one("prepare", ref, self._prepare_claim, self.metrics.prepared) for ref in claims}
+
+    def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
+        return {ref.uid: self._one("unprepare", ref, self._unprepare_claim, self.metrics.unprepared) for ref in claims}
+
+    def _one(
+        self,
+        operation: str,
+        ref: ClaimRef,
+        work: Callable[[ClaimRef, Span], tuple[PreparedDevice, ...]],
+        record: Callable[[bool, float], None],
+    ) -> ClaimResult:
+        start = self._clock()
+        attributes: dict[str, Any] = {
+            K8S_NAMESPACE: ref.namespace,
+            CLAIM_NAME: ref.name,
+            CLAIM_UID: ref.uid,
+            DRIVER: self.driver_name,
+            POOL: self.pool_name,
+        }
+        # Exceptions are recorded here, by hand, so that the claim span gets the error type too.
+        with self.tracer.start_as_current_span(
+            f"{operation} claim", attributes=attributes, record_exception=False, set_status_on_exception=False
+        ) as span:
+            try:
+                devices = work(ref, span)
+            except Exception as exc:
+                kind = exc.kind if isinstance(exc, ClaimError) else "Internal"
+                if not isinstance(exc, ClaimError):
+                    log.exception("%s of claim %s failed unexpectedly", operation, ref)
+                message = f"{operation} claim {ref}: {exc}"
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, str(exc)))
+                span.set_attribute(ERROR_TYPE, kind)
+                span.set_attribute(RESULT, "error")
+                result = ClaimResult(error=message)
+                log.warning("%s", message)
+            else:
+                span.set_attribute(RESULT, "success")
+                span.set_attribute(DEVICES, [d.device_name for d in devices])
+                result = ClaimResult(devices=devices)
+                log.debug("%s claim %s: %s", operation, ref, ", ".join(d.device_name for d in devices) or "-")
+        record(result.ok, self._clock() - start)
+        return result
+
+    # --- prepare -------------------------------------------------------------------------------
+    def _prepare_claim(self, ref: ClaimRef, span: Span) -> tuple[PreparedDevice, ...]:
+        _validate(ref, full=True)
+        with self._claim_lock(ref.uid):
+            cached = self.checkpoint.get(ref.uid)
+            if cached is not None:
+                # Prepared before (maybe by an earlier run of the plugin): same answer, no API call.
+                span.set_attribute(CACHED, True)
+                if not self.cdi.claim_spec_path(ref.uid).exists():
+                    self._write_cdi(ref, [d.device_name for d in cached.devices])
+                return cached.devices
+            span.set_attribute(CACHED, False)
+            claim = self._read_claim(ref)
+            results = self._results_for_this_node(ref, claim)
+            self._write_cdi(ref, list(dict.fromkeys(r["device"] for r in results)))
+            devices = tuple(
+                PreparedDevice(
+                    request_names=(r["request"],),
+                    pool_name=r["pool"],
+                    device_name=r["device"],
+                    cdi_device_ids=tuple(self.cdi.device_ids(ref.uid, r["device"])),
+                )
+                for r in results
+            )
+            with self.tracer.start_as_current_span("write checkpoint"):
+                try:
+                    self.checkpoint.put(ref.uid, PreparedClaim(ref.namespace, ref.name, devices))
+                except OSError as exc:
+                    raise ClaimError("CheckpointWriteFailed", f"cannot write the checkpoint: {exc}") from exc
+            return devices
+
+    def _read_claim(self, ref: ClaimRef) -> Mapping[str, Any]:
+        path = f"/apis/resource.k8s.io/v1/namespaces/{quote(ref.namespace)}/resourceclaims/{quote(ref.name)}"
+        attributes: dict[str, Any] = {
+            HTTP_METHOD: "GET",
+            URL_FULL: self.client.host + path,
+            URL_TEMPLATE: CLAIM_URL_TEMPLATE,
+            SERVER_ADDRESS: self._api_address,
+            SERVER_PORT: self._api_port,
+            K8S_NAMESPACE: ref.namespace,
+        }
+        with self.tracer.start_as_current_span(
+            f"GET {CLAIM_URL_TEMPLATE}", kind=SpanKind.CLIENT, attributes=attributes
+        ) as span:
+            headers: dict[str, str] = {}
+            self._propagator.inject(headers)  # the API server joins the trace when it traces
+            try:
+                claim = self.client.get_json(path, headers=headers, timeout=self._api_timeout)
+            except ApiError as exc:
+                if exc.status:
+                    span.set_attribute(HTTP_STATUS, exc.status)
+                span.set_attribute(ERROR_TYPE, str(exc.status) if exc.status else type(exc.__cause__).__name__)
+                if exc.status == 404:
+                    raise ClaimError("NotFound", f"ResourceClaim {ref.namespace}/{ref.name} not found") from exc
+                if exc.status == 0:
+                    raise ClaimError("APIUnavailable", f"cannot reach the API server: {exc}") from exc
+                raise ClaimError(f"HTTP{exc.status}", f"reading the ResourceClaim failed: {exc}") from exc
+            except ValueError as exc:  # not JSON
+                raise ClaimError("InvalidResponse", f"the API server sent no valid JSON: {exc}") from exc
+            span.set_attribute(HTTP_STATUS, 200)
+        if not isinstance(claim, dict):
+            raise ClaimError("InvalidClaim", "the ResourceClaim is not a JSON object")
+        return claim
+
+    def _results_for_this_node(self, ref: ClaimRef, claim: Mapping[str, Any]) -> list[dict[str, str]]:
+        """The allocation results for this driver, checked to be devices of this node's pool."""
+        metadata = claim.get("metadata") if isinstance(claim.get("metadata"), dict) else {}
+        uid = metadata.get("uid") if isinstance(metadata, dict) else None
+        if uid != ref.uid:
+            raise ClaimError(
+                "UIDMismatch",
+                f"ResourceClaim {ref.namespace}/{ref.name} has UID {uid}, not {ref.uid} (deleted and re-created?)",
+            )
+        status = claim.get("status") or {}
+        allocation = status.get("allocation") if isinstance(status, dict) else None
+        if not allocation:
+            raise ClaimError("NotAllocated", f"ResourceClaim {ref.namespace}/{ref.name} is not allocated")
+        try:
+            results = allocation["devices"]["results"]
+            if not isinstance(results, list):
+                raise TypeError("results is not a list")
+            ours = []
+            for r in results:
+                if r["driver"] != self.driver_name:
+                    continue
+                ours.append({"request": str(r["request"]), "pool": str(r["pool"]), "device": str(r["device"])})
+        except (KeyError, TypeError) as exc:
+            raise ClaimError("InvalidClaim", f"malformed status.allocation.devices.results: {exc!r}") from exc
+        if not ours:
+            raise ClaimError(
+                "NoResultsForDriver",
+                f"ResourceClaim {ref.namespace}/{ref.name} has no allocation results for driver {self.driver_name}",
+            )
+        for r in ours:
+            if r["pool"] != self.pool_name:
+                raise ClaimError(
+                    "WrongPool", f"device {r['pool']}/{r['device']} is not in this node's pool {self.pool_name}"
+                )
+            if self.inventory.get(r["device"]) is None:
+                raise ClaimError("UnknownDevice", f"device {r['device']} is not published by this node")
+        return ours
+
+    def _write_cdi(self, ref: ClaimRef, device_names: list[str]) -> None:
+        path = self.cdi.claim_spec_path(ref.uid)
+        with self.tracer.start_as_current_span("write CDI spec", attributes={CDI_SPEC: str(path)}):
+            try:
+                self.cdi.write_claim(ref.uid, device_names)
+            except OSError as exc:
+                raise ClaimError("CDIWriteFailed", f"cannot write CDI spec {path}: {exc}") from exc
+
+    # --- unprepare -----------------------------------------------------------------------------
+    def _unprepare_claim(self, ref: ClaimRef, span: Span) -> tuple[PreparedDevice, ...]:
+        _validate(ref, full=False)
+        with self._claim_lock(ref.uid):
+            entry = self.checkpoint.get(ref.uid)
+            path = self.cdi.claim_spec_path(ref.uid)
+            with self.tracer.start_as_current_span("remove CDI spec", attributes={CDI_SPEC: str(path)}):
+                try:
+                    self.cdi.remove_claim(ref.uid)
+                except OSError as exc:
+                    raise ClaimError("CDIRemoveFailed", f"cannot remove CDI spec {path}: {exc}") from exc
+            if entry is None:
+                return ()  # never prepared here, or already unprepared: nothing left to do
+            with self.tracer.start_as_current_span("write checkpoint"):
+                try:
+                    self.checkpoint.remove(ref.uid)
+                except OSError as exc:
+                    raise ClaimError("CheckpointWriteFailed", f"cannot write the checkpoint: {exc}") from exc
+            return entry.devices
+
+
+def _validate(ref: ClaimRef, *, full: bool) -> None:
+    """Reject what the kubelet would never send; the UID becomes part of file names."""
+    if not _UID.match(ref.uid):
+        raise ClaimError("InvalidRequest", f"invalid claim UID {ref.uid!r}")
+    if full or ref.namespace or ref.name:
+        if not _NAMESPACE.match(ref.namespace):
+            raise ClaimError("InvalidRequest", f"invalid claim namespace {ref.namespace!r}")
+        if not _NAME.match(ref.name):
+            raise ClaimError("InvalidRequest", f"invalid claim name {ref.name!r}")

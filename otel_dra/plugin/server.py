@@ -1,0 +1,348 @@
+"""The kubelet-facing gRPC servers: DRAPlugin (v1 and v1beta1) on ``<plugins>/<driver>/dra.sock``,
+Registration on ``<registrar>/<driver>-reg.sock``, and the standard gRPC health service on a TCP
+port for liveness probes.
+
+Two instances of the plugin must never serve the same sockets: gRPC happily binds a unix socket
+path that a live server is using, silently taking it over. A lock file next to ``dra.sock``
+(``fcntl.flock``, released by the kernel when the process dies, so never stale) decides who owns
+the sockets; only its holder removes leftover socket files, and even then a socket that still
+accepts connections is left alone and reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from otel_dra import __version__
+from otel_dra._generated.dra.v1 import api_pb2 as dra_v1
+from otel_dra._generated.dra.v1 import api_pb2_grpc as dra_v1_grpc
+from otel_dra._generated.dra.v1beta1 import api_pb2 as dra_v1beta1
+from otel_dra._generated.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
+from otel_dra._generated.pluginregistration import api_pb2 as reg_pb2
+from otel_dra._generated.pluginregistration import api_pb2_grpc as reg_grpc
+from otel_dra.plugin.driver import TRACER_SCOPE, ClaimRef, ClaimResult, Driver
+
+log = logging.getLogger(__name__)
+
+PLUGIN_TYPE = "DRAPlugin"
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# sockaddr_un.sun_path is 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+RPC_SYSTEM = "rpc.system"
+RPC_SERVICE = "rpc.service"
+RPC_METHOD = "rpc.method"
+RPC_GRPC_STATUS = "rpc.grpc.status_code"
+NETWORK_TRANSPORT = "network.transport"
+CLAIM_COUNT = "dra.claim.count"
+CLAIM_ERRORS = "dra.claim.errors"
+
+
+class PluginStartError(RuntimeError):
+    """The plugin cannot serve its sockets (another instance owns them, bad paths ...)."""
+
+
+class AlreadyRunning(PluginStartError):
+    pass
+
+
+def check_socket_path(path: Path, flag: str) -> None:
+    if len(str(path).encode()) > MAX_SOCKET_PATH:
+        raise PluginStartError(
+            f"{flag}: socket path {path} is longer than {MAX_SOCKET_PATH} bytes (a unix socket limit); "
+            "use a shorter directory"
+        )
+
+
+class SocketLock:
+    """An exclusive ``flock`` on a file; the file holds the owner's pid for the error message."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                owner = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            finally:
+                os.close(fd)
+            raise AlreadyRunning(
+                f"another plugin instance (pid {owner}) holds {self.path} and serves its sockets; "
+                "refusing to take them over"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock; the file stays (unlinking it would race)
+            self._fd = None
+
+
+def _socket_alive(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+        return True
+
+
+def _claim_refs(request: Any) -> list[ClaimRef]:
+    return [ClaimRef(namespace=c.namespace, uid=c.uid, name=c.name) for c in request.claims]
+
+
+class _DraServicer:
+    """NodePrepareResources/NodeUnprepareResources of one API version, each RPC one SERVER span."""
+
+    def __init__(self, pb2: ModuleType, driver: Driver, tracer: trace.Tracer) -> None:
+        self.pb2 = pb2
+        self.service = pb2.DESCRIPTOR.services_by_name["DRAPlugin"].full_name
+        self.driver = driver
+        self.tracer = tracer
+        self._propagator = TraceContextTextMapPropagator()
+
+    @contextlib.contextmanager
+    def _rpc_span(self, method: str, claims: int, context: grpc.ServicerContext) -> Iterator[Span | None]:
+        if claims == 0:
+            # Health probes call with no claims every few seconds; a trace of nothing is noise.
+            yield None
+            return
+        metadata = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
+        parent = self._propagator.extract(metadata)  # a traceparent sent by the caller, if any
+        attributes = {
+            RPC_SYSTEM: "grpc",
+            RPC_SERVICE: self.service,
+            RPC_METHOD: method,
+            NETWORK_TRANSPORT: "unix",
+            CLAIM_COUNT: claims,
+        }
+        with self.tracer.start_as_current_span(
+            f"{self.service}/{method}", context=parent, kind=SpanKind.SERVER, attributes=attributes
+        ) as span:
+            try:
+                yield span
+            except BaseException:
+                span.set_attribute(RPC_GRPC_STATUS, grpc.StatusCode.UNKNOWN.value[0])
+                raise
+            span.set_attribute(RPC_GRPC_STATUS, grpc.StatusCode.OK.value[0])
+
+    def _errors(self, span: Span | None, results: dict[str, ClaimResult]) -> None:
+        if span is not None:
+            failed = sum(1 for r in results.values() if not r.ok)
+            span.set_attribute(CLAIM_ERRORS, failed)
+
+    def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+        refs = _claim_refs(request)
+        with self._rpc_span("NodePrepareResources", len(refs), context) as span:
+            results = self.driver.prepare(refs)
+            self._errors(span, results)
+        response = self.pb2.NodePrepareResourcesResponse()
+        for uid, result in results.items():
+            entry = response.claims[uid]
+            if result.error:
+                entry.error = result.error
+                continue
+            for d in result.devices:
+                entry.devices.add(
+                    request_names=list(d.request_names),
+                    pool_name=d.pool_name,
+                    device_name=d.device_name,
+                    cdi_device_ids=list(d.cdi_device_ids),
+                )
+        return response
+
+    def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+        refs = _claim_refs(request)
+        with self._rpc_span("NodeUnprepareResources", len(refs), context) as span:
+            results = self.driver.unprepare(refs)
+            self._errors(span, results)
+        response = self.pb2.NodeUnprepareResourcesResponse()
+        for uid, result in results.items():
+            response.claims[uid].error = result.error
+        return response
+
+
+class _RegistrationServicer:
+    def __init__(self, driver_name: str, endpoint: Path, on_status: Callable[[bool, str], None]) -> None:
+        self.info = reg_pb2.PluginInfo(
+            type=PLUGIN_TYPE, name=driver_name, endpoint=str(endpoint), supported_versions=list(SUPPORTED_VERSIONS)
+        )
+        self.on_status = on_status
+
+    def GetInfo(self, request: reg_pb2.InfoRequest, context: grpc.ServicerContext) -> reg_pb2.PluginInfo:
+        return self.info
+
+    def NotifyRegistrationStatus(
+        self, request: reg_pb2.RegistrationStatus, context: grpc.ServicerContext
+    ) -> reg_pb2.RegistrationStatusResponse:
+        self.on_status(request.plugin_registered, request.error)
+        return reg_pb2.RegistrationStatusResponse()
+
+
+class PluginServer:
+    """Owns the plugin's sockets: lock, stale-socket cleanup, both gRPC servers."""
+
+    def __init__(
+        self,
+        driver: Driver,
+        tracer_provider: trace.TracerProvider,
+        *,
+        driver_name: str,
+        plugins_dir: Path,
+        registrar_dir: Path,
+        max_workers: int = 8,
+    ) -> None:
+        self.driver = driver
+        self.driver_name = driver_name
+        self.plugin_dir = plugins_dir / driver_name
+        self.registrar_dir = registrar_dir
+        self.dra_socket = self.plugin_dir / "dra.sock"
+        self.registration_socket = registrar_dir / f"{driver_name}-reg.sock"
+        check_socket_path(self.dra_socket, "--kubelet-plugins-directory-path")
+        check_socket_path(self.registration_socket, "--kubelet-registrar-directory-path")
+        self._lock = SocketLock(self.plugin_dir / "plugin.lock")
+        self._tracer = tracer_provider.get_tracer(TRACER_SCOPE, __version__)
+        self._max_workers = max_workers
+        self._dra_server: grpc.Server | None = None
+        self._reg_server: grpc.Server | None = None
+        self.registered = threading.Event()
+        self.registration_error = ""
+
+    def _on_registration(self, registered: bool, error: str) -> None:
+        self.registration_error = error
+        if registered:
+            log.info("registered with the kubelet as %s (%s)", self.driver_name, ", ".join(SUPPORTED_VERSIONS))
+            self.registered.set()
+        else:
+            log.error("the kubelet rejected the registration: %s", error or "(no reason given)")
+            self.registered.clear()
+
+    def _clear_stale(self, path: Path) -> None:
+        if not path.exists() and not path.is_symlink():
+            return
+        if _socket_alive(path):
+            raise AlreadyRunning(f"{path} is served by another process; refusing to take it over")
+        log.info("removing stale socket %s", path)
+        path.unlink()
+
+    def start(self) -> PluginServer:
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        self.registrar_dir.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()
+        try:
+            self._clear_stale(self.dra_socket)
+            self._clear_stale(self.registration_socket)
+            dra = grpc.server(futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="dra-grpc"))
+            dra_v1_grpc.add_DRAPluginServicer_to_server(_DraServicer(dra_v1, self.driver, self._tracer), dra)
+            dra_v1beta1_grpc.add_DRAPluginServicer_to_server(_DraServicer(dra_v1beta1, self.driver, self._tracer), dra)
+            self._bind(dra, self.dra_socket)
+            dra.start()
+            self._dra_server = dra
+            # Registration last: when the kubelet finds the registration socket, dra.sock serves.
+            reg = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="reg-grpc"))
+            reg_grpc.add_RegistrationServicer_to_server(
+                _RegistrationServicer(self.driver_name, self.dra_socket, self._on_registration), reg
+            )
+            self._bind(reg, self.registration_socket)
+            reg.start()
+            self._reg_server = reg
+        except BaseException:
+            self.stop()
+            raise
+        log.info("serving DRAPlugin on %s, registration on %s", self.dra_socket, self.registration_socket)
+        return self
+
+    @staticmethod
+    def _bind(server: grpc.Server, path: Path) -> None:
+        try:
+            server.add_insecure_port(f"unix://{path}")
+        except RuntimeError as exc:
+            raise PluginStartError(f"cannot listen on {path}: {exc}") from exc
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Unregister first (the registration socket goes away), then stop serving claims."""
+        for attr, path in (("_reg_server", self.registration_socket), ("_dra_server", self.dra_socket)):
+            server: grpc.Server | None = getattr(self, attr)
+            if server is not None:
+                server.stop(grace).wait(grace + 1)
+                setattr(self, attr, None)
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        self._lock.release()
+
+
+class _HealthServicer(health_pb2_grpc.HealthServicer):
+    """Like dra-example-driver's: SERVING when both of the plugin's sockets answer."""
+
+    KNOWN = ("", "liveness")
+
+    def __init__(self, driver_name: str, dra_socket: Path, registration_socket: Path, timeout: float) -> None:
+        self.driver_name = driver_name
+        self.timeout = timeout
+        self._reg_channel = grpc.insecure_channel(f"unix://{registration_socket}")
+        self._dra_channel = grpc.insecure_channel(f"unix://{dra_socket}")
+        self._reg = reg_grpc.RegistrationStub(self._reg_channel)
+        self._dra = dra_v1_grpc.DRAPluginStub(self._dra_channel)
+
+    def Check(
+        self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext
+    ) -> health_pb2.HealthCheckResponse:
+        if request.service not in self.KNOWN:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+        try:
+            info = self._reg.GetInfo(reg_pb2.InfoRequest(), timeout=self.timeout)
+            if info.name == self.driver_name:
+                self._dra.NodePrepareResources(dra_v1.NodePrepareResourcesRequest(), timeout=self.timeout)
+                return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
+            log.warning("health check: the registration socket names driver %r", info.name)
+        except grpc.RpcError as exc:
+            log.warning("health check failed: %s", exc)
+        return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    def close(self) -> None:
+        self._reg_channel.close()
+        self._dra_channel.close()
+
+
+class HealthServer:
+    """``grpc.health.v1.Health`` on a TCP port (0: a free one, see :attr:`port`)."""
+
+    def __init__(self, plugin: PluginServer, port: int, address: str = "[::]", timeout: float = 5.0) -> None:
+        self._servicer = _HealthServicer(plugin.driver_name, plugin.dra_socket, plugin.registration_socket, timeout)
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="health-grpc"))
+        health_pb2_grpc.add_HealthServicer_to_server(self._servicer, self._server)
+        try:
+            self.port = self._server.add_insecure_port(f"{address}:{port}")
+        except RuntimeError as exc:
+            raise PluginStartError(f"--healthcheck-port {port}: cannot listen: {exc}") from exc
+
+    def start(self) -> HealthServer:
+        self._server.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.stop(1).wait(2)
+        self._servicer.close()

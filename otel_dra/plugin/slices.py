@@ -1,0 +1,217 @@
+"""ResourceSlice publishing: this node's devices, as one pool named after the node.
+
+The publisher owns the slices with ``spec.nodeName=<node>`` and ``spec.driver=<driver>``. A
+reconcile lists them (one field-selected request), compares the devices they carry with the
+devices to publish, and only when they differ writes every slice with the pool generation
+incremented, then deletes slices it no longer needs. Unchanged devices cost one list request per
+resync and no writes. A background thread rediscovers devices and reconciles every ``resync``
+seconds, which also repairs slices that someone else changed or deleted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from otel_dra.kube.client import ApiError, KubeClient
+from otel_dra.kube.quantity import parse_quantity
+from otel_dra.plugin.devices import Device
+
+log = logging.getLogger(__name__)
+
+SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
+MAX_DEVICES_PER_SLICE = 128
+_MAX_NAME = 253
+
+# Answers that no retry will change: our own slice is invalid, or the request is.
+FATAL_STATUSES = frozenset({400, 422})
+
+
+class FatalPublishError(RuntimeError):
+    """Publishing can never succeed as configured (e.g. the API server rejects our slices)."""
+
+
+def slice_name(node_name: str, driver_name: str, index: int) -> str:
+    """Deterministic, so a restarted plugin finds and updates its slices instead of adding more."""
+    name = f"{node_name}-{driver_name}-{index}"
+    if len(name) <= _MAX_NAME:
+        return name
+    digest = hashlib.sha256(f"{node_name}/{driver_name}".encode()).hexdigest()[:16]
+    prefix = node_name[: _MAX_NAME - len(digest) - 12].rstrip(".-")  # a label may not end in . or -
+    return f"{prefix}-{digest}-{index}"
+
+
+def _comparable(devices: Sequence[Any]) -> list[Any]:
+    """Devices reduced to what we publish, with quantities as numbers (``80Gi`` == 85899345920)."""
+    out = []
+    for d in devices:
+        if not isinstance(d, dict):
+            return [None]  # something we did not write: never equal
+        capacity: dict[str, float | None] = {}
+        for key, value in (d.get("capacity") or {}).items():
+            try:
+                capacity[key] = parse_quantity(value.get("value") if isinstance(value, dict) else None)
+            except ValueError:
+                capacity[key] = None
+        out.append((d.get("name"), d.get("attributes") or {}, capacity))
+    return out
+
+
+class SlicePublisher:
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        driver_name: str,
+        node_name: str,
+        discover: Callable[[], list[Device]],
+        on_devices: Callable[[list[Device]], None] | None = None,
+        on_fatal: Callable[[BaseException], None] | None = None,
+        resync: float = 30.0,
+    ) -> None:
+        self.client = client
+        self.driver_name = driver_name
+        self.node_name = node_name
+        self.pool_name = node_name
+        self._discover = discover
+        self._on_devices = on_devices
+        self._on_fatal = on_fatal
+        self._resync = resync
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.generation = 0
+        self.publishes = 0  # reconciles that wrote something (tests and logs)
+
+    # --- one reconcile -------------------------------------------------------------------------
+    def list_own(self) -> list[dict[str, Any]]:
+        selector = f"spec.nodeName={self.node_name},spec.driver={self.driver_name}"
+        items = self.client.get_json(SLICES_PATH, {"fieldSelector": selector}).get("items") or []
+        return [s for s in items if isinstance(s, dict)]
+
+    def publish(self, devices: Sequence[Device]) -> bool:
+        """Make the API server hold exactly ``devices``; True when something was written."""
+        chunks = [list(devices[i : i + MAX_DEVICES_PER_SLICE]) for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)]
+        chunks = chunks or [[]]  # an empty pool is still published, so consumers see the node has none
+        desired = {slice_name(self.node_name, self.driver_name, i): chunk for i, chunk in enumerate(chunks)}
+        existing = {s.get("metadata", {}).get("name", ""): s for s in self.list_own()}
+        generations = [int((s.get("spec", {}).get("pool") or {}).get("generation") or 0) for s in existing.values()]
+        if self._up_to_date(existing, desired):
+            self.generation = max(generations, default=0)
+            return False
+        generation = max(generations, default=0) + 1
+        for name, chunk in desired.items():
+            body = self._slice(name, chunk, generation, len(desired))
+            current = existing.get(name)
+            if current is None:
+                self.client.send_json("POST", SLICES_PATH, body)
+            else:
+                body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+                self.client.send_json("PUT", f"{SLICES_PATH}/{name}", body)
+        for name in existing.keys() - desired.keys():
+            self._delete(name)
+        self.generation = generation
+        self.publishes += 1
+        log.info(
+            "published %d device(s) in %d ResourceSlice(s) for pool %s, generation %d",
+            len(devices),
+            len(desired),
+            self.pool_name,
+            generation,
+        )
+        return True
+
+    def _up_to_date(self, existing: dict[str, dict[str, Any]], desired: dict[str, list[Device]]) -> bool:
+        if set(existing) != set(desired):
+            return False
+        generations = set()
+        for name, chunk in desired.items():
+            spec = existing[name].get("spec") or {}
+            pool = spec.get("pool") or {}
+            if pool.get("name") != self.pool_name or pool.get("resourceSliceCount") != len(desired):
+                return False
+            generations.add(pool.get("generation"))
+            if _comparable(spec.get("devices") or []) != _comparable([d.to_api() for d in chunk]):
+                return False
+        return len(generations) == 1
+
+    def _slice(self, name: str, devices: list[Device], generation: int, count: int) -> dict[str, Any]:
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "otel-dra-plugin"}},
+            "spec": {
+                "driver": self.driver_name,
+                "nodeName": self.node_name,
+                "pool": {"name": self.pool_name, "generation": generation, "resourceSliceCount": count},
+                "devices": [d.to_api() for d in devices],
+            },
+        }
+
+    def _delete(self, name: str) -> None:
+        try:
+            self.client.request("DELETE", f"{SLICES_PATH}/{name}")
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+
+    def delete_all(self) -> int:
+        """Remove every slice of this node and driver (on request, or at a clean shutdown)."""
+        names = [s.get("metadata", {}).get("name", "") for s in self.list_own()]
+        for name in names:
+            self._delete(name)
+        if names:
+            log.info("deleted %d ResourceSlice(s) of pool %s", len(names), self.pool_name)
+        return len(names)
+
+    # --- background loop -----------------------------------------------------------------------
+    def sync(self) -> bool:
+        """Rediscover and publish once. Raises on failure (see :meth:`start` for the policy)."""
+        devices = self._discover()
+        if self._on_devices is not None:
+            self._on_devices(devices)
+        try:
+            return self.publish(devices)
+        except ApiError as exc:
+            if exc.status in FATAL_STATUSES:
+                raise FatalPublishError(f"the API server rejects this node's ResourceSlices: {exc}") from exc
+            raise
+
+    def start(self) -> SlicePublisher:
+        self._thread = threading.Thread(target=self._run, name="slice-publisher", daemon=True)
+        self._thread.start()
+        return self
+
+    def trigger(self) -> None:
+        """Reconcile now instead of at the next resync."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                self.sync()
+                failures = 0
+                wait = self._resync
+            except ApiError as exc:
+                # API trouble (unreachable, 5xx, 403 until RBAC is fixed, conflicts): retry with backoff.
+                failures += 1
+                wait = min(0.5 * 2 ** min(failures - 1, 6), self._resync)
+                log.warning("publishing ResourceSlices failed (retrying in %.1fs): %s", wait, exc)
+            except Exception as exc:
+                # Discovery failed or the API server rejects our slices: no retry will fix that.
+                log.error("fatal: %s", exc)
+                if self._on_fatal is not None:
+                    self._on_fatal(exc)
+                return
+            self._wake.wait(wait)
+            self._wake.clear()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)

@@ -1,0 +1,135 @@
+"""TracerProvider construction from the standard ``OTEL_*`` environment.
+
+Like the MeterProvider (:mod:`otel_dra.telemetry.provider`), the TracerProvider is built here and
+passed to whoever makes spans; nothing sets the global provider. The SDK's auto-configuration is
+not used, so the variables it would read are read here, and validated: the SDK silently falls
+back to defaults on a misspelt sampler, which would leave a user wondering why nothing is sampled.
+
+- ``OTEL_TRACES_EXPORTER``: ``otlp`` (default), ``console`` or ``none``.
+- ``OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT``: without one (and without ``console``) tracing is off and
+  a no-op provider is returned, so instrumented code costs next to nothing.
+- ``OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL``: ``grpc`` or ``http/protobuf`` (default); endpoint,
+  headers, TLS, compression and timeout are read by the exporter classes.
+- ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG``: the specification's six built-in samplers.
+- ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES``: the resource, as for metrics.
+- ``OTEL_BSP_*``: batching, read by the SDK's BatchSpanProcessor.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    DEFAULT_OFF,
+    DEFAULT_ON,
+    ParentBasedTraceIdRatio,
+    Sampler,
+    TraceIdRatioBased,
+)
+
+from otel_dra.telemetry.otlp import ConfigError, OtlpSignalConfig, otlp_config
+from otel_dra.telemetry.provider import make_resource
+
+log = logging.getLogger(__name__)
+
+EXPORTERS = ("otlp", "console", "none")
+SAMPLERS = (
+    "always_on",
+    "always_off",
+    "traceidratio",
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+)
+
+
+def sampler_from_env(env: Mapping[str, str] | None = None) -> Sampler:
+    """``OTEL_TRACES_SAMPLER`` (default ``parentbased_always_on``) and its ratio argument."""
+    env = os.environ if env is None else env
+    name = (env.get("OTEL_TRACES_SAMPLER") or "parentbased_always_on").strip().lower()
+    if name not in SAMPLERS:
+        raise ConfigError(f"OTEL_TRACES_SAMPLER={name!r} is not supported; use one of {', '.join(SAMPLERS)}")
+    if name.endswith("traceidratio"):
+        raw = (env.get("OTEL_TRACES_SAMPLER_ARG") or "1.0").strip()
+        try:
+            ratio = float(raw)
+        except ValueError:
+            raise ConfigError(f"OTEL_TRACES_SAMPLER_ARG={raw!r} is not a number") from None
+        if not 0.0 <= ratio <= 1.0:
+            raise ConfigError(f"OTEL_TRACES_SAMPLER_ARG={raw!r} must be between 0 and 1")
+        return TraceIdRatioBased(ratio) if name == "traceidratio" else ParentBasedTraceIdRatio(ratio)
+    return {
+        "always_on": ALWAYS_ON,
+        "always_off": ALWAYS_OFF,
+        "parentbased_always_on": DEFAULT_ON,
+        "parentbased_always_off": DEFAULT_OFF,
+    }[name]
+
+
+def otlp_span_exporter(config: OtlpSignalConfig) -> SpanExporter:
+    """The OTLP span exporter for the configured protocol; it reads endpoint/headers/TLS from env."""
+    if config.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
+
+        return Grpc()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
+
+    return Http()
+
+
+@dataclass
+class TracingPipeline:
+    """The provider to hand to instrumented code; ``enabled`` is False for the no-op provider."""
+
+    tracer_provider: trace.TracerProvider
+    resource: Resource
+    otlp: OtlpSignalConfig | None = None
+    exporter_name: str = "none"
+
+    @property
+    def enabled(self) -> bool:
+        return isinstance(self.tracer_provider, TracerProvider)
+
+    def shutdown(self) -> None:
+        """Flush what is batched and stop; safe to call twice. Bounded by the exporter timeout."""
+        if isinstance(self.tracer_provider, TracerProvider):
+            try:
+                self.tracer_provider.shutdown()
+            except Exception:  # best effort at exit
+                log.exception("tracer provider shutdown failed")
+
+
+def build_tracing_pipeline(
+    *,
+    service_name: str,
+    version: str,
+    env: Mapping[str, str] | None = None,
+    exporter: SpanExporter | None = None,
+) -> TracingPipeline:
+    """A TracerProvider from the environment; ``exporter`` replaces the configured one (tests)."""
+    env = os.environ if env is None else env
+    resource = make_resource(service_name, version)
+    sampler = sampler_from_env(env)  # validated even when tracing is off: a typo should not hide
+    name = (env.get("OTEL_TRACES_EXPORTER") or "otlp").strip().lower()
+    if name not in EXPORTERS:
+        raise ConfigError(f"OTEL_TRACES_EXPORTER={name!r} is not supported; use one of {', '.join(EXPORTERS)}")
+    config = otlp_config("traces", env) if name == "otlp" else None
+    if exporter is None:
+        if name == "console":
+            exporter = ConsoleSpanExporter()
+        elif config is not None:
+            exporter = otlp_span_exporter(config)
+    if exporter is None:
+        return TracingPipeline(trace.NoOpTracerProvider(), resource)
+    provider = TracerProvider(sampler=sampler, resource=resource, shutdown_on_exit=False)
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return TracingPipeline(provider, resource, config, name)

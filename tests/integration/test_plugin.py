@@ -1,0 +1,447 @@
+"""The example kubelet plugin against a real kube-apiserver, called over its real unix sockets the
+way the kubelet calls it (registration, NodePrepareResources, NodeUnprepareResources)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import tempfile
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pynvml
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from otel_dra.cli import PluginApp, start_plugin
+from otel_dra.plugin.devices import simulated_devices
+from otel_dra.plugin.nvml import DiscoveryError
+from otel_dra.plugin.server import AlreadyRunning
+from tests.helpers import wait_until
+from tests.integration.plugin_helpers import (
+    CLAIMS,
+    DRIVER,
+    SLICES,
+    Dirs,
+    Kubelet,
+    ensure_namespace,
+    make_claim,
+    metric,
+    own_slices,
+    read_checkpoint,
+    ref,
+    result,
+)
+from tests.unit.fake_nvml import FakeGpu, FakeNvml
+
+NS = "plugin-test"
+PREPARE = "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
+
+
+@pytest.fixture
+def dirs() -> Iterator[Dirs]:
+    # Under /tmp, not pytest's tmp_path: unix socket paths are limited to 107 bytes.
+    root = Path(tempfile.mkdtemp(prefix="odp-", dir="/tmp"))
+    yield Dirs(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def node() -> str:
+    return f"node-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def namespace(admin_client) -> str:
+    ensure_namespace(admin_client, NS)
+    return NS
+
+
+@pytest.fixture
+def start(testbed, dirs) -> Iterator[Callable[..., PluginApp]]:
+    """Start in-process plugins on ``dirs``; each gets its own in-memory span exporter (``.spans``)."""
+    apps: list[PluginApp] = []
+
+    def run(node_name: str, **kwargs: Any) -> PluginApp:
+        spans = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(spans))
+        kwargs.setdefault("metrics_port", 0)
+        kwargs.setdefault("metrics_address", "127.0.0.1")
+        app = start_plugin(
+            node_name=node_name,
+            kubeconfig=str(testbed.kubeconfig),
+            plugins_dir=dirs.plugins,
+            registrar_dir=dirs.registry,
+            cdi_root=dirs.cdi,
+            tracer_provider=provider,
+            **kwargs,
+        )
+        app.spans = spans  # type: ignore[attr-defined]
+        apps.append(app)
+        return app
+
+    yield run
+    for app in apps:
+        app.stop(remove_slices=True)
+
+
+@pytest.fixture
+def kubelet(dirs) -> Iterator[Kubelet]:
+    k = Kubelet(dirs)
+    yield k
+    k.close()
+
+
+def _spans(app: PluginApp) -> list[ReadableSpan]:
+    return list(app.spans.get_finished_spans())  # type: ignore[attr-defined]
+
+
+def _children(spans: list[ReadableSpan], parent: ReadableSpan) -> list[ReadableSpan]:
+    return [s for s in spans if s.parent is not None and s.parent.span_id == parent.context.span_id]
+
+
+def _claim_spans(app: PluginApp, uid: str) -> list[ReadableSpan]:
+    return [s for s in _spans(app) if s.name.endswith(" claim") and s.attributes.get("dra.claim.uid") == uid]
+
+
+# --- registration, slices, health -----------------------------------------------------------------
+
+
+def test_registration_slices_and_health(start, kubelet, dirs, node, admin_client):
+    app = start(node, healthcheck_port=0)
+    info = kubelet.get_info()
+    assert (info.type, info.name, info.endpoint) == ("DRAPlugin", DRIVER, str(dirs.dra_socket))
+    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert not app.server.registered.is_set()
+    kubelet.notify(True)
+    assert app.server.registered.is_set()
+    kubelet.notify(False, "version mismatch")
+    assert not app.server.registered.is_set() and app.server.registration_error == "version mismatch"
+
+    (slice_,) = wait_until(lambda: own_slices(admin_client, node), what="ResourceSlice published")
+    spec = slice_["spec"]
+    assert slice_["metadata"]["name"] == f"{node}-{DRIVER}-0"
+    assert spec["pool"] == {"name": node, "generation": 1, "resourceSliceCount": 1}
+    assert spec["driver"] == DRIVER and spec["nodeName"] == node
+    assert spec["devices"] == [d.to_api() for d in simulated_devices(node, 8)]
+    assert spec["devices"][0]["capacity"] == {"memory": {"value": "80Gi"}, "compute": {"value": "100"}}
+    # Publishing went through the instrumented client.
+    wait_until(lambda: metric(app.metrics_port, "rest_client_requests_total", code="201", method="POST") == 1)
+
+    with grpc.insecure_channel(f"127.0.0.1:{app.health_port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "liveness"):
+            answer = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.RpcError) as exc:
+            health.Check(health_pb2.HealthCheckRequest(service="other"), timeout=10)
+        assert exc.value.code() == grpc.StatusCode.NOT_FOUND
+        app.server.stop()  # the DRA sockets go away: no longer healthy
+        answer = health.Check(health_pb2.HealthCheckRequest(service="liveness"), timeout=10)
+        assert answer.status == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert not dirs.dra_socket.exists() and not dirs.registration_socket.exists()
+    assert _spans(app) == []  # health probes (empty requests) make no traces
+
+
+def test_slices_republished_on_change_and_cleaned_up(start, node, admin_client):
+    def slices_with(count: int, generation: int) -> Callable[[], list[dict[str, Any]]]:
+        def check() -> list[dict[str, Any]]:
+            items = own_slices(admin_client, node)
+            if len(items) == count and all(s["spec"]["pool"]["generation"] == generation for s in items):
+                return items
+            return []
+
+        return check
+
+    a = start(node, num_devices=3)
+    (first,) = wait_until(slices_with(1, 1), what="first publish")
+    assert [d["name"] for d in first["spec"]["devices"]] == ["gpu-0", "gpu-1", "gpu-2"]
+    # Unchanged devices: a resync writes nothing.
+    assert a.publisher.sync() is False
+    assert own_slices(admin_client, node)[0]["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
+    # Someone deletes the slice: the next resync puts it back.
+    admin_client.request("DELETE", f"{SLICES}/{first['metadata']['name']}")
+    assert own_slices(admin_client, node) == []
+    assert a.publisher.sync() is True
+    assert len(own_slices(admin_client, node)) == 1
+    a.stop()
+
+    # More devices than one slice holds: two slices, a new generation.
+    start(node, num_devices=130)
+    big = wait_until(slices_with(2, 2), what="two slices")
+    assert [len(s["spec"]["devices"]) for s in big] == [128, 2]
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in big} == {2}
+    # Fewer again: the second slice is deleted.
+    c = start(node, num_devices=2)
+    (small,) = wait_until(slices_with(1, 3), what="shrunk to one slice")
+    assert small["spec"]["pool"]["resourceSliceCount"] == 1 and len(small["spec"]["devices"]) == 2
+    c.stop(remove_slices=True)
+    assert own_slices(admin_client, node) == []
+
+
+def test_nvml_devices_published_and_republished_on_change(start, node, admin_client):
+    fake = FakeNvml([FakeGpu()])
+    app = start(node, device_source="nvml", nvml=fake, resync=3600)
+    (slice_,) = wait_until(lambda: own_slices(admin_client, node), what="NVML slice")
+    (gpu,) = slice_["spec"]["devices"]
+    # The API server accepted the NVIDIA-style attributes as they are.
+    assert gpu["attributes"]["productName"] == {"string": "NVIDIA H200"}
+    assert gpu["attributes"]["driverVersion"] == {"version": "580.159.4"}
+    assert gpu["capacity"]["memory"] == {"value": "150754820096"}
+    assert gpu["capacity"]["multiprocessors"] == {"value": "132"}
+    # A GPU appears (MIG enabled): the next discovery republishes with a new generation.
+    fake.gpus.append(
+        FakeGpu(uuid="GPU-00000000-1111-2222-3333-444444444444", mig_enabled=True, mig_devices=[(1, 0, 4)])
+    )
+    app.publisher.trigger()
+
+    def republished() -> list[str]:
+        (s,) = own_slices(admin_client, node)
+        return [d["name"] for d in s["spec"]["devices"]] if s["spec"]["pool"]["generation"] == 2 else []
+
+    assert wait_until(republished, what="republish") == ["gpu-0", "gpu-1-mig-1-0"]
+    assert app.driver.inventory.get("gpu-1-mig-1-0") is not None  # prepare can use the new device
+
+
+# --- prepare / unprepare -------------------------------------------------------------------------------
+
+
+def _published(app: PluginApp) -> None:
+    """Wait until the first publish (a GET, then a POST) is over, so request counts stay still."""
+    wait_until(lambda: metric(app.metrics_port, "rest_client_requests_total", code="201", method="POST") == 1)
+
+
+def test_prepare_and_unprepare(start, kubelet, dirs, node, namespace, admin_client):
+    app = start(node, resync=3600)
+    port = app.metrics_port
+    _published(app)
+    prepared = "dra_example_driver_prepare_claims_total"
+    histogram = "dra_example_driver_prepare_claim_duration_seconds_count"
+    assert metric(port, prepared, result="success") == 0
+    assert metric(port, prepared, result="error") == 0
+    assert metric(port, histogram, result="success") is None  # histograms appear with the first observation
+
+    claim = make_claim(admin_client, namespace, f"ok-{node}", [result(node, "gpu-1")])
+    uid = claim["metadata"]["uid"]
+    gets_before = metric(port, "rest_client_requests_total", code="200", method="GET") or 0
+    response = kubelet.prepare([ref(claim)])
+    entry = response.claims[uid]
+    assert entry.error == ""
+    (device,) = entry.devices
+    assert list(device.request_names) == ["gpu"]
+    assert (device.pool_name, device.device_name) == (node, "gpu-1")
+    assert list(device.cdi_device_ids) == [f"k8s.{DRIVER}/gpu=common", f"k8s.{DRIVER}/gpu={uid}-gpu-1"]
+
+    spec = json.loads(dirs.cdi_spec(uid).read_text())
+    assert spec["kind"] == f"k8s.{DRIVER}/gpu"
+    assert spec["devices"] == [{"name": f"{uid}-gpu-1", "containerEdits": {"env": ["GPU_DEVICE_1=gpu-1"]}}]
+    common = json.loads((dirs.cdi / f"k8s.{DRIVER}-gpu_common.json").read_text())
+    assert f"KUBERNETES_NODE_NAME={node}" in common["devices"][0]["containerEdits"]["env"]
+    assert read_checkpoint(dirs)[uid]["devices"][0]["device_name"] == "gpu-1"
+
+    assert metric(port, prepared, result="success") == 1
+    assert metric(port, prepared, result="error") == 0
+    assert metric(port, histogram, result="success") == 1
+    assert metric(port, "rest_client_requests_total", code="200", method="GET") == gets_before + 1
+
+    # The trace: one SERVER span for the RPC, one span for the claim, its three steps.
+    spans = _spans(app)
+    (rpc,) = [s for s in spans if s.kind == SpanKind.SERVER]
+    assert rpc.name == PREPARE
+    assert rpc.attributes["rpc.system"] == "grpc"
+    assert rpc.attributes["rpc.service"] == "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
+    assert rpc.attributes["rpc.method"] == "NodePrepareResources"
+    assert rpc.attributes["rpc.grpc.status_code"] == 0
+    (claim_span,) = _children(spans, rpc)
+    assert claim_span.name == "prepare claim"
+    assert claim_span.attributes["k8s.namespace.name"] == namespace
+    assert claim_span.attributes["dra.claim.name"] == f"ok-{node}"
+    assert claim_span.attributes["dra.claim.uid"] == uid
+    assert claim_span.attributes["dra.driver.name"] == DRIVER
+    assert claim_span.attributes["dra.pool.name"] == node
+    assert claim_span.attributes["dra.devices"] == ("gpu-1",)
+    assert claim_span.attributes["dra.result"] == "success"
+    assert claim_span.attributes["dra.claim.cached"] is False
+    steps = _children(spans, claim_span)
+    assert [s.name for s in steps] == [
+        "GET /apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}",
+        "write CDI spec",
+        "write checkpoint",
+    ]
+    assert steps[0].kind == SpanKind.CLIENT and steps[0].attributes["http.response.status_code"] == 200
+    assert all(s.status.status_code == StatusCode.UNSET for s in spans)
+
+    # Idempotent: the same answer again, from the checkpoint, without reading the claim.
+    again = kubelet.prepare([ref(claim)])
+    assert again == response
+    assert metric(port, prepared, result="success") == 2
+    assert metric(port, "rest_client_requests_total", code="200", method="GET") == gets_before + 1
+    assert _claim_spans(app, uid)[-1].attributes["dra.claim.cached"] is True
+
+    # The older API version serves the same.
+    assert kubelet.prepare([ref(claim)], version="v1beta1").claims[uid].devices[0].device_name == "gpu-1"
+
+    reply = kubelet.unprepare([ref(claim)])
+    assert reply.claims[uid].error == ""
+    assert not dirs.cdi_spec(uid).exists()
+    assert uid not in read_checkpoint(dirs)
+    assert metric(port, "dra_example_driver_unprepare_claims_total", result="success") == 1
+    assert metric(port, "dra_example_driver_unprepare_claim_duration_seconds_count", result="success") == 1
+    # Unprepare is idempotent too.
+    assert kubelet.unprepare([ref(claim)], version="v1beta1").claims[uid].error == ""
+    assert metric(port, "dra_example_driver_unprepare_claims_total", result="success") == 2
+
+
+def _assert_error_span(app: PluginApp, uid: str, error_type: str) -> None:
+    (span,) = _claim_spans(app, uid)
+    assert span.status.status_code == StatusCode.ERROR, span.name
+    assert span.attributes["error.type"] == error_type
+    assert span.attributes["dra.result"] == "error"
+    assert any(e.name == "exception" for e in span.events)
+
+
+def test_prepare_error_paths(start, kubelet, node, namespace, admin_client):
+    app = start(node)
+    port = app.metrics_port
+    good = make_claim(admin_client, namespace, f"good-{node}", [result(node, "gpu-0")])
+    other_driver = make_claim(
+        admin_client, namespace, f"other-{node}", [result(node, "x-0", driver="other.example.com")]
+    )
+    unallocated = make_claim(admin_client, namespace, f"unalloc-{node}")
+    wrong_pool = make_claim(admin_client, namespace, f"pool-{node}", [result("another-node", "gpu-0")])
+    ns, good_uid, good_name = ref(good)
+    missing_uid = str(uuid.uuid4())
+    mismatch_uid = str(uuid.uuid4())
+    cases = {
+        missing_uid: ((ns, missing_uid, f"missing-{node}"), "NotFound", "not found"),
+        mismatch_uid: ((ns, mismatch_uid, good_name), "UIDMismatch", f"has UID {good_uid}"),
+        ref(other_driver)[1]: (ref(other_driver), "NoResultsForDriver", f"no allocation results for driver {DRIVER}"),
+        ref(unallocated)[1]: (ref(unallocated), "NotAllocated", "is not allocated"),
+        ref(wrong_pool)[1]: (ref(wrong_pool), "WrongPool", "not in this node's pool"),
+        "": ((ns, "", "x"), "InvalidRequest", "invalid claim UID ''"),
+        "no-name": ((ns, "no-name", ""), "InvalidRequest", "invalid claim name ''"),
+        "..": ((ns, "..", "x"), "InvalidRequest", "invalid claim UID '..'"),
+    }
+    response = kubelet.prepare([ref(good)] + [c[0] for c in cases.values()])
+    assert response.claims[good_uid].error == ""  # the RPC and the good claim succeed
+    assert set(response.claims) == {good_uid, *cases}
+    for uid, (_ref, error_type, text) in cases.items():
+        error = response.claims[uid].error
+        assert text in error, (error_type, error)
+        assert list(response.claims[uid].devices) == []
+        _assert_error_span(app, uid, error_type)
+    assert metric(port, "dra_example_driver_prepare_claims_total", result="error") == len(cases)
+    assert metric(port, "dra_example_driver_prepare_claims_total", result="success") == 1
+    assert metric(port, "dra_example_driver_prepare_claim_duration_seconds_count", result="error") == len(cases)
+    not_found_get = [
+        s for s in _spans(app) if s.name.startswith("GET") and s.attributes.get("http.response.status_code") == 404
+    ]
+    assert not_found_get and not_found_get[0].status.status_code == StatusCode.ERROR
+    (rpc,) = [s for s in _spans(app) if s.kind == SpanKind.SERVER]
+    assert rpc.attributes["dra.claim.count"] == len(cases) + 1 and rpc.attributes["dra.claim.errors"] == len(cases)
+    # Unprepare of a malformed claim is an error as well; of an unknown claim, a no-op.
+    reply = kubelet.unprepare([(ns, "", "x"), (ns, missing_uid, "missing")])
+    assert "invalid claim UID" in reply.claims[""].error and reply.claims[missing_uid].error == ""
+    assert metric(port, "dra_example_driver_unprepare_claims_total", result="error") == 1
+
+
+def test_prepare_while_api_server_is_down(testbed, start, kubelet, node, namespace, admin_client):
+    app = start(node, resync=3600)
+    port = app.metrics_port
+    _published(app)
+    claim = make_claim(admin_client, namespace, f"outage-{node}", [result(node, "gpu-2")])
+    uid = claim["metadata"]["uid"]
+    testbed.stop_apiserver()
+    try:
+        response = kubelet.prepare([ref(claim)])
+        assert "cannot reach the API server" in response.claims[uid].error
+        _assert_error_span(app, uid, "APIUnavailable")
+        assert metric(port, "dra_example_driver_prepare_claims_total", result="error") == 1
+        # The client retried (bounded) before giving up; every attempt is counted.
+        retries = metric(port, "rest_client_request_retries_total", code="<error>", verb="GET")
+        assert retries is not None and retries >= 3
+        assert metric(port, "rest_client_requests_total", code="<error>", method="GET") >= 4
+    finally:
+        testbed.start_apiserver()
+    # The kubelet retries; now it works.
+    assert kubelet.prepare([ref(claim)]).claims[uid].error == ""
+    assert metric(port, "dra_example_driver_prepare_claims_total", result="success") == 1
+
+
+# --- restart, second instance --------------------------------------------------------------------------
+
+
+def test_restart_between_prepare_and_unprepare(start, kubelet, dirs, node, namespace, admin_client):
+    first = start(node)
+    claim = make_claim(admin_client, namespace, f"restart-{node}", [result(node, "gpu-3")])
+    uid = claim["metadata"]["uid"]
+    before = kubelet.prepare([ref(claim)])
+    assert before.claims[uid].error == ""
+    first.stop()
+    # While the plugin is down the claim goes away from the API server: only the checkpoint knows.
+    admin_client.request("DELETE", f"{CLAIMS.format(ns=namespace)}/{ref(claim)[2]}")
+
+    second = start(node)
+    kubelet = Kubelet(dirs)  # a new connection, as a restarted plugin gets
+    try:
+        after = kubelet.prepare([ref(claim)])  # the kubelet re-prepares running pods after a restart
+        assert after == before
+        (span,) = _claim_spans(second, uid)
+        assert span.attributes["dra.claim.cached"] is True
+        assert kubelet.unprepare([ref(claim)]).claims[uid].error == ""
+    finally:
+        kubelet.close()
+    assert not dirs.cdi_spec(uid).exists()
+    assert read_checkpoint(dirs) == {}
+
+
+def test_second_instance_is_refused(testbed, start, kubelet, dirs, node):
+    first = start(node)
+    with pytest.raises(AlreadyRunning, match="another plugin instance"):
+        start(node)
+    assert kubelet.get_info().name == DRIVER  # the first one still serves its sockets
+    # Same registry but another plugins directory: no shared lock, but the live registration
+    # socket is not taken over either.
+    with pytest.raises(AlreadyRunning, match="served by another process"):
+        start_plugin(
+            node_name=node,
+            kubeconfig=str(testbed.kubeconfig),
+            plugins_dir=dirs.root / "plugins2",
+            registrar_dir=dirs.registry,
+            cdi_root=dirs.cdi,
+        )
+    assert kubelet.get_info().name == DRIVER
+    first.stop()
+
+
+def test_stale_sockets_are_replaced(start, kubelet, dirs, node):
+    for path in (dirs.dra_socket, dirs.registration_socket):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(path))
+        s.close()  # a socket file nobody listens on, as a crashed plugin leaves it
+    start(node)
+    assert kubelet.get_info().name == DRIVER
+
+
+def test_fatal_background_error_is_counted_and_reported(start, node, admin_client):
+    fake = FakeNvml([FakeGpu()])
+    fatal = threading.Event()
+    app = start(node, device_source="nvml", nvml=fake, resync=3600, on_fatal=lambda exc: fatal.set())
+    wait_until(lambda: own_slices(admin_client, node), what="NVML slice")
+    assert metric(app.metrics_port, "dra_example_driver_fatal_background_errors_total") == 0
+    fake.init_error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED  # the driver goes away under the plugin
+    app.publisher.trigger()
+    assert fatal.wait(10)
+    assert isinstance(app.fatal, DiscoveryError)
+    assert metric(app.metrics_port, "dra_example_driver_fatal_background_errors_total") == 1

@@ -1,0 +1,510 @@
+"""Unit tests of the plugin's parts that need no API server: devices, NVML mapping, CDI specs,
+checkpoint, socket lock, metrics exposition, tracing configuration, retries, flags."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from otel_dra.cli import main
+from otel_dra.kube.client import ApiError, Credentials, KubeClient, RequestRecord, RetryPolicy
+from otel_dra.plugin import nvml as nvml_discovery
+from otel_dra.plugin.cdi import CdiWriter
+from otel_dra.plugin.checkpoint import Checkpoint, CheckpointError, PreparedClaim, PreparedDevice
+from otel_dra.plugin.devices import Device, semver, simulated_devices
+from otel_dra.plugin.metrics import PluginMetrics
+from otel_dra.plugin.server import AlreadyRunning, PluginStartError, SocketLock, check_socket_path
+from otel_dra.plugin.slices import _comparable, slice_name
+from otel_dra.telemetry.exposition import assemble
+from otel_dra.telemetry.otlp import ConfigError
+from otel_dra.telemetry.provider import build_metrics_pipeline
+from otel_dra.telemetry.tracing import build_tracing_pipeline, sampler_from_env
+from tests.helpers import parse_samples
+from tests.unit.fake_nvml import FakeGpu, FakeNvml
+
+# --- devices -----------------------------------------------------------------------------------
+
+
+def test_simulated_devices_match_the_example_driver():
+    devices = simulated_devices("node-a", 3)
+    assert [d.name for d in devices] == ["gpu-0", "gpu-1", "gpu-2"]
+    api = devices[1].to_api()
+    assert api["attributes"]["index"] == {"int": 1}
+    assert api["attributes"]["model"] == {"string": "LATEST-GPU-MODEL"}
+    assert api["attributes"]["driverVersion"] == {"version": "1.0.0"}
+    assert api["capacity"] == {"memory": {"value": "80Gi"}, "compute": {"value": "100"}}
+    uuid = api["attributes"]["uuid"]["string"]
+    assert uuid.startswith("gpu-") and len(uuid) == 40
+    # Deterministic per node, different across nodes and indexes.
+    assert simulated_devices("node-a", 3)[1].to_api() == api
+    assert simulated_devices("node-b", 3)[1].to_api()["attributes"]["uuid"] != {"string": uuid}
+    assert len({d.to_api()["attributes"]["uuid"]["string"] for d in devices}) == 3
+
+
+def test_semver_and_device_limits():
+    assert semver("580.159.04") == "580.159.4"
+    assert semver("9.0") == "9.0.0"
+    assert semver("13") == "13.0.0"
+    for bad in ("", "1.2.3.4", "v1.0", "1.x"):
+        with pytest.raises(ValueError):
+            semver(bad)
+    with pytest.raises(ValueError, match="longer than 64"):
+        Device("d", attributes={"x": {"string": "y" * 65}})
+    with pytest.raises(ValueError, match="more than 32"):
+        Device("d", attributes={f"a{i}": {"int": i} for i in range(20)}, capacity={f"c{i}": "1" for i in range(13)})
+
+
+# --- NVML ----------------------------------------------------------------------------------------
+
+
+def test_nvml_h200_full_gpu():
+    fake = FakeNvml([FakeGpu()])
+    (device,) = nvml_discovery.discover(fake)
+    api = device.to_api()
+    assert api["name"] == "gpu-0"
+    assert api["attributes"] == {
+        "type": {"string": "gpu"},
+        "uuid": {"string": "GPU-4f3a2b1c-9d8e-7f6a-5b4c-3d2e1f0a9b8c"},
+        "index": {"int": 0},
+        "productName": {"string": "NVIDIA H200"},
+        "brand": {"string": "Nvidia"},
+        "architecture": {"string": "Hopper"},
+        "cudaComputeCapability": {"version": "9.0.0"},
+        "driverVersion": {"version": "580.159.4"},
+        "cudaDriverVersion": {"version": "13.0.0"},
+        "pcieBusID": {"string": "00000000:19:00.0"},
+    }
+    # memory in bytes; SMs and decoders from the full-GPU (7-slice) profile, as NVML reports them.
+    assert api["capacity"] == {
+        "memory": {"value": "150754820096"},
+        "multiprocessors": {"value": "132"},
+        "decoders": {"value": "7"},
+    }
+    assert fake.calls[0] == "nvmlInit" and fake.calls[-1] == "nvmlShutdown"
+    assert "nvmlDeviceGetAttributes" not in fake.calls  # NotSupported on a full GPU anyway
+
+
+def test_nvml_gpu_without_mig_has_no_mig_capacities():
+    fake = FakeNvml([FakeGpu(mig_capable=False, name="NVIDIA L4", architecture=pynvml.NVML_DEVICE_ARCH_ADA)])
+    (device,) = nvml_discovery.discover(fake)
+    assert set(device.capacity) == {"memory"}
+    assert device.attributes["architecture"] == {"string": "Ada Lovelace"}
+
+
+def test_nvml_mig_enabled_publishes_mig_devices():
+    gpu = FakeGpu(mig_enabled=True, mig_devices=[(7, 0, 0), None, (3, 0, 1), (1, 0, 2)])
+    fake = FakeNvml([FakeGpu(uuid="GPU-0000"), gpu])
+    devices = nvml_discovery.discover(fake)
+    assert [d.name for d in devices] == ["gpu-0", "gpu-1-mig-7-0", "gpu-1-mig-3-0", "gpu-1-mig-1-0"]
+    mig = devices[1].to_api()
+    assert mig["attributes"]["type"] == {"string": "mig"}
+    assert mig["attributes"]["parentUUID"] == {"string": gpu.uuid}
+    assert mig["attributes"]["profile"] == {"string": "1g.18gb"}
+    assert mig["attributes"]["productName"] == {"string": "NVIDIA H200"}
+    assert mig["attributes"]["uuid"]["string"].startswith("MIG-")
+    assert mig["capacity"]["multiprocessors"] == {"value": "16"}
+    assert mig["capacity"]["memory"] == {"value": str(17920 * 2**20)}
+    assert set(mig["capacity"]) == {
+        "multiprocessors",
+        "copyEngines",
+        "decoders",
+        "encoders",
+        "jpegEngines",
+        "ofaEngines",
+        "memory",
+    }
+    assert devices[2].attributes["profile"] == {"string": "2g.35gb"}
+    assert devices[3].capacity["multiprocessors"] == "60"
+
+
+def test_nvml_errors_are_clear():
+    with pytest.raises(nvml_discovery.DiscoveryError, match="could not be initialised"):
+        nvml_discovery.discover(FakeNvml([], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
+
+    class Broken(FakeNvml):
+        def nvmlDeviceGetUUID(self, h):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+
+    fake = Broken([FakeGpu()])
+    with pytest.raises(nvml_discovery.DiscoveryError, match="nvmlDeviceGetUUID"):
+        nvml_discovery.discover(fake)
+    assert fake.calls[-1] == "nvmlShutdown"  # shut down even after a failure
+
+
+def test_real_pynvml_without_gpu_fails_clearly():
+    """On a machine without an NVIDIA driver the real library must give our clear error."""
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has an NVIDIA driver")
+    with pytest.raises(nvml_discovery.DiscoveryError, match="NVML could not be initialised"):
+        nvml_discovery.discover()
+
+
+# --- CDI -----------------------------------------------------------------------------------------
+
+
+def test_cdi_specs(tmp_path):
+    cdi = CdiWriter(tmp_path / "cdi", "gpu.example.com", "node-a")
+    common = cdi.write_common()
+    assert common.name == "k8s.gpu.example.com-gpu_common.json"
+    spec = json.loads(common.read_text())
+    assert spec["kind"] == "k8s.gpu.example.com/gpu"
+    assert spec["devices"] == [
+        {
+            "name": "common",
+            "containerEdits": {"env": ["KUBERNETES_NODE_NAME=node-a", "DRA_RESOURCE_DRIVER_NAME=gpu.example.com"]},
+        }
+    ]
+    path = cdi.write_claim("uid-1", ["gpu-3", "gpu-0-mig-1-0"])
+    assert path.name == "k8s.gpu.example.com-gpu_uid-1.json"
+    devices = json.loads(path.read_text())["devices"]
+    assert devices == [
+        {"name": "uid-1-gpu-3", "containerEdits": {"env": ["GPU_DEVICE_3=gpu-3"]}},
+        {"name": "uid-1-gpu-0-mig-1-0", "containerEdits": {"env": ["GPU_DEVICE_0_MIG_1_0=gpu-0-mig-1-0"]}},
+    ]
+    assert cdi.device_ids("uid-1", "gpu-3") == ["k8s.gpu.example.com/gpu=common", "k8s.gpu.example.com/gpu=uid-1-gpu-3"]
+    assert sorted(p.name for p in (tmp_path / "cdi").iterdir()) == [
+        "k8s.gpu.example.com-gpu_common.json",
+        "k8s.gpu.example.com-gpu_uid-1.json",
+    ]  # no temporary files left behind
+    assert cdi.remove_claim("uid-1") is True
+    assert cdi.remove_claim("uid-1") is False
+    assert not path.exists()
+
+
+# --- checkpoint ----------------------------------------------------------------------------------
+
+
+def _prepared(name: str = "c") -> PreparedClaim:
+    return PreparedClaim("ns", name, (PreparedDevice(("gpu",), "node-a", "gpu-0", ("k/gpu=common", "k/gpu=u-gpu-0")),))
+
+
+def test_checkpoint_roundtrip_and_atomicity(tmp_path):
+    path = tmp_path / "checkpoint.json"
+    cp = Checkpoint(path)
+    assert cp.get("u") is None
+    cp.put("u", _prepared())
+    cp.put("v", _prepared("d"))
+    again = Checkpoint(path)  # what a restarted plugin reads
+    assert again.get("u") == _prepared()
+    assert again.uids() == ["u", "v"]
+    assert again.remove("u") is True and again.remove("u") is False
+    assert Checkpoint(path).uids() == ["v"]
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.json"]
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_checkpoint_write_failure_changes_nothing(tmp_path):
+    directory = tmp_path / "d"
+    directory.mkdir()
+    cp = Checkpoint(directory / "checkpoint.json")
+    cp.put("u", _prepared())
+    shutil.rmtree(directory)  # the disk lets us down (works as root too, unlike permissions)
+    with pytest.raises(OSError):
+        cp.put("v", _prepared())
+    assert cp.uids() == ["u"]
+    assert cp.get("v") is None
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"{not json", b"[]", b'{"version": 99, "claims": {}}', b'{"version": 1, "claims": {"u": {"devices": 3}}}'],
+)
+def test_corrupt_checkpoint_is_refused_with_its_path(tmp_path, content):
+    path = tmp_path / "checkpoint.json"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError, match=str(path)):
+        Checkpoint(path)
+    assert path.read_bytes() == content  # nothing lost: the operator decides
+
+
+# --- sockets -------------------------------------------------------------------------------------
+
+
+def test_socket_lock_is_exclusive(tmp_path):
+    first = SocketLock(tmp_path / "plugin.lock")
+    first.acquire()
+    second = SocketLock(tmp_path / "plugin.lock")
+    with pytest.raises(AlreadyRunning, match=r"pid \d+"):
+        second.acquire()
+    first.release()
+    second.acquire()  # free again once the holder lets go
+    second.release()
+
+
+def test_socket_path_limit():
+    check_socket_path(Path("/var/lib/kubelet/plugins/gpu.example.com/dra.sock"), "--x")
+    with pytest.raises(PluginStartError, match=r"--kubelet-plugins-directory-path.*107 bytes"):
+        check_socket_path(Path("/" + "d" * 100 + "/dra.sock"), "--kubelet-plugins-directory-path")
+
+
+# --- slices --------------------------------------------------------------------------------------
+
+
+def test_slice_names_are_valid_and_bounded():
+    assert slice_name("node-a", "gpu.example.com", 0) == "node-a-gpu.example.com-0"
+    long = slice_name("n" * 253, "gpu.example.com", 1)
+    assert len(long) <= 253 and long.endswith("-1")
+    assert long != slice_name("n" * 253, "gpu.example.com", 2)
+    assert slice_name("n" * 253, "other.example.com", 1) != long
+
+
+def test_slice_comparison_ignores_quantity_spelling():
+    ours = [Device("gpu-0", {"index": {"int": 0}}, {"memory": "80Gi"}).to_api()]
+    served = [{"name": "gpu-0", "attributes": {"index": {"int": 0}}, "capacity": {"memory": {"value": "85899345920"}}}]
+    assert _comparable(ours) == _comparable(served)
+    served[0]["attributes"]["index"] = {"int": 1}
+    assert _comparable(ours) != _comparable(served)
+
+
+# --- metrics -------------------------------------------------------------------------------------
+
+
+def _exposition(pipeline) -> str:
+    return b"".join(assemble(pipeline.registry, [], False)).decode()
+
+
+def test_metrics_exposition_matches_upstream_names():
+    pipeline = build_metrics_pipeline(service_name="t", version="0", target_info=False)
+    metrics = PluginMetrics(pipeline.meter_provider)
+    text = _exposition(pipeline)
+    # Before any work: the counters at 0 for both results, no histograms yet (as upstream).
+    assert (
+        "# HELP dra_example_driver_prepare_claims_total [BETA] Total number of resource claim prepare "
+        "operations handled by the driver.\n# TYPE dra_example_driver_prepare_claims_total counter\n"
+    ) in text
+    samples = {(n, tuple(sorted(lab.items()))): v for n, lab, v in parse_samples(text)}
+    for op in ("prepare", "unprepare"):
+        for result in ("success", "error"):
+            assert samples[(f"dra_example_driver_{op}_claims_total", (("result", result),))] == 0
+    assert samples[("dra_example_driver_fatal_background_errors_total", ())] == 0
+    assert "duration" not in text and "rest_client" not in text
+
+    metrics.prepared(True, 0.0042)
+    metrics.prepared(False, 0.3)
+    metrics.unprepared(True, 0.001)
+    metrics.fatal_error()
+    metrics.observe_request(RequestRecord("GET", "10.0.0.1:6443", "/apis/x", 200, 0.003, False))
+    metrics.observe_request(RequestRecord("GET", "10.0.0.1:6443", "/apis/x", 503, 0.01, True))
+    metrics.observe_request(RequestRecord("PUT", "10.0.0.1:6443", "/apis/x", 0, 5.0, False))
+    text = _exposition(pipeline)
+    samples = {(n, tuple(sorted(lab.items()))): v for n, lab, v in parse_samples(text)}
+    assert samples[("dra_example_driver_prepare_claims_total", (("result", "success"),))] == 1
+    assert samples[("dra_example_driver_prepare_claims_total", (("result", "error"),))] == 1
+    assert samples[("dra_example_driver_fatal_background_errors_total", ())] == 1
+    h = "dra_example_driver_prepare_claim_duration_seconds"
+    les = [lab["le"] for n, lab, _ in parse_samples(text) if n == h + "_bucket" and lab["result"] == "success"]
+    assert les == ["0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "10.0", "+Inf"]
+    assert samples[(h + "_bucket", (("le", "0.005"), ("result", "success")))] == 1
+    assert samples[(h + "_bucket", (("le", "0.25"), ("result", "error")))] == 0
+    assert samples[(h + "_count", (("result", "error"),))] == 1
+    host = ("host", "10.0.0.1:6443")
+    assert samples[("rest_client_requests_total", (("code", "200"), host, ("method", "GET")))] == 1
+    assert samples[("rest_client_requests_total", (("code", "503"), host, ("method", "GET")))] == 1
+    assert samples[("rest_client_requests_total", (("code", "<error>"), host, ("method", "PUT")))] == 1
+    assert samples[("rest_client_request_retries_total", (("code", "503"), host, ("verb", "GET")))] == 1
+    assert samples[("rest_client_request_duration_seconds_count", (host, ("verb", "GET")))] == 2
+    assert all("otel_scope" not in line for line in text.splitlines())
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            assert line.split(" ", 3)[3].startswith("[BETA] "), line
+    if shutil.which("promtool"):
+        check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+    pipeline.shutdown()
+
+
+# --- tracing configuration -------------------------------------------------------------------------
+
+
+def test_sampler_from_env():
+    assert sampler_from_env({}).get_description().startswith("ParentBased{root:AlwaysOnSampler")
+    assert sampler_from_env({"OTEL_TRACES_SAMPLER": "always_off"}).get_description() == "AlwaysOffSampler"
+    ratio = sampler_from_env({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25"})
+    assert ratio.get_description() == "TraceIdRatioBased{0.25}"
+    with pytest.raises(ConfigError, match="OTEL_TRACES_SAMPLER='sometimes'"):
+        sampler_from_env({"OTEL_TRACES_SAMPLER": "sometimes"})
+    with pytest.raises(ConfigError, match="OTEL_TRACES_SAMPLER_ARG"):
+        sampler_from_env({"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "2"})
+
+
+def test_tracing_pipeline_from_env():
+    off = build_tracing_pipeline(service_name="s", version="1", env={})
+    assert not off.enabled
+    on = build_tracing_pipeline(
+        service_name="s",
+        version="1",
+        env={"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:9", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+    )
+    assert on.enabled and on.otlp is not None and on.otlp.protocol == "grpc"
+    on.shutdown()
+    none = build_tracing_pipeline(
+        service_name="s",
+        version="1",
+        env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318", "OTEL_TRACES_EXPORTER": "none"},
+    )
+    assert not none.enabled
+    with pytest.raises(ConfigError, match="OTEL_TRACES_EXPORTER='zipkin'"):
+        build_tracing_pipeline(service_name="s", version="1", env={"OTEL_TRACES_EXPORTER": "zipkin"})
+
+
+# --- KubeClient retries ----------------------------------------------------------------------------
+
+
+class _Flaky(BaseHTTPRequestHandler):
+    """Answers each path's first ``fail`` requests with ``status``, then 200."""
+
+    plan: dict[str, tuple[int, int]] = {}
+    seen: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def log_message(self, *args):
+        pass
+
+    def _answer(self):
+        with self.lock:
+            n = self.seen.get(self.path, 0)
+            self.seen[self.path] = n + 1
+        fail, status = self.plan.get(self.path.split("?")[0], (0, 200))
+        code = status if n < fail else 200
+        body = b'{"kind": "Status", "message": "try later"}' if code != 200 else b'{"ok": true}'
+        self.send_response(code)
+        if code == 429:
+            self.send_header("Retry-After", "0")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = _answer
+
+
+@pytest.fixture
+def flaky_server():
+    _Flaky.plan, _Flaky.seen = {}, {}
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _client(port: int, records: list[RequestRecord], retry: RetryPolicy | None) -> KubeClient:
+    creds = Credentials(
+        host=f"http://127.0.0.1:{port}",
+        source="test",
+        ca_file=None,
+        cert_file=None,
+        key_file=None,
+        verify=True,
+        tls_server_name=None,
+        auth_headers=dict,
+    )
+    return KubeClient(creds, observer=records.append, retry=retry)
+
+
+def test_retries_idempotent_requests_on_5xx_and_429(flaky_server):
+    port = flaky_server.server_address[1]
+    _Flaky.plan = {"/a": (2, 503), "/b": (1, 429), "/c": (5, 500), "/p": (1, 503)}
+    records: list[RequestRecord] = []
+    client = _client(port, records, RetryPolicy(max_retries=3, base_delay=0.01))
+    assert client.get_json("/a") == {"ok": True}
+    assert [(r.status, r.retried) for r in records] == [(503, True), (503, True), (200, False)]
+    assert records[0].host == f"127.0.0.1:{port}" and records[0].method == "GET"
+    records.clear()
+    assert client.get_json("/b") == {"ok": True}
+    assert [(r.status, r.retried) for r in records] == [(429, True), (200, False)]
+    records.clear()
+    with pytest.raises(ApiError) as exc:
+        client.get_json("/c")  # bounded: 1 + 3 attempts, then the error
+    assert exc.value.status == 500 and exc.value.message == "try later"
+    assert [(r.status, r.retried) for r in records] == [(500, True)] * 3 + [(500, False)]
+    records.clear()
+    with pytest.raises(ApiError):
+        client.send_json("POST", "/p", {})  # not idempotent: never repeated
+    assert [(r.status, r.retried) for r in records] == [(503, False)]
+
+
+def test_retries_connection_errors_then_fails(flaky_server):
+    port = flaky_server.server_address[1]
+    flaky_server.shutdown()
+    flaky_server.server_close()
+    records: list[RequestRecord] = []
+    client = _client(port, records, RetryPolicy(max_retries=2, base_delay=0.01))
+    start = time.monotonic()
+    with pytest.raises(ApiError) as exc:
+        client.get_json("/a")
+    assert exc.value.status == 0
+    assert [(r.status, r.retried) for r in records] == [(0, True), (0, True), (0, False)]
+    assert time.monotonic() - start < 5
+    records.clear()
+    plain = _client(port, records, None)  # without a policy: one attempt, as before
+    with pytest.raises(ApiError):
+        plain.get_json("/a")
+    assert len(records) == 1
+
+
+def test_retry_delay_is_bounded():
+    policy = RetryPolicy(base_delay=0.1, max_delay=1.0)
+    assert 0.05 <= policy.delay(1) <= 0.1
+    assert 0.5 <= policy.delay(10) <= 1.0
+    assert policy.delay(1, "0.3") == 0.3
+    assert policy.delay(1, "3600") == 1.0
+    assert 0.05 <= policy.delay(1, "Wed, 21 Oct 2015 07:28:00 GMT") <= 0.1
+
+
+# --- flags -----------------------------------------------------------------------------------------
+
+
+def test_plugin_flags_and_env_fail_clearly(monkeypatch, capsys):
+    for name in ("NODE_NAME", "DRIVER_NAME", "NUM_DEVICES", "METRICS_PORT", "HEALTHCHECK_PORT", "DEVICE_SOURCE"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["plugin"]) == 2
+    assert "--node-name (or NODE_NAME) is required" in capsys.readouterr().err
+    cases = [
+        ("NODE_NAME", "Node_A"),
+        ("DRIVER_NAME", "x" * 64),
+        ("NUM_DEVICES", "-1"),
+        ("METRICS_PORT", "-2"),
+        ("HEALTHCHECK_PORT", "70000"),
+        ("DEVICE_SOURCE", "cuda"),
+    ]
+    for name, value in cases:
+        monkeypatch.setenv(name, value)
+        assert main(["plugin", "--node-name", "n1"]) == 2, name
+        assert f"environment variable {name}" in capsys.readouterr().err
+        monkeypatch.delenv(name)
+    # The plugin's generic variable names do not break the other subcommands.
+    monkeypatch.setenv("METRICS_PORT", "nope")
+    with pytest.raises(SystemExit) as exc:
+        main(["exporter", "--help"])
+    assert exc.value.code == 0
+    monkeypatch.delenv("METRICS_PORT")
+    for argv in (["--num-devices", "many"], ["--metrics-port", "65536"], ["--device-source", "gpu"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["plugin", "--node-name", "n1", *argv])
+        assert exc.value.code == 2
+        assert argv[0] in capsys.readouterr().err
+
+
+def test_plugin_bad_otel_env_and_credentials(monkeypatch, tmp_path, capsys):
+    assert main(["plugin", "--node-name", "n1", "--kubeconfig", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "sometimes")
+    argv = ["plugin", "--node-name", "n1", "--kubeconfig", str(kubeconfig), "--cdi-root", str(tmp_path / "cdi")]
+    assert main(argv) == 2
+    assert "OTEL_TRACES_SAMPLER='sometimes'" in capsys.readouterr().err
+    assert not (tmp_path / "cdi").exists()  # failed before touching anything
