@@ -111,6 +111,7 @@ class PodSync:
         self._lock = threading.Lock()
         self._pods: dict[str, dict[str, Any]] = {}
         self._prepared: dict[str, _Prepared] = {}
+        self._finished: set[str] = set()  # pods whose deletion we completed; events may still come
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._queued: set[str] = set()
         self._active: set[str] = set()
@@ -165,6 +166,7 @@ class PodSync:
     def _forget(self, uid: str) -> None:
         with self._lock:
             self._pods.pop(uid, None)
+            self._finished.discard(uid)
         self._enqueue(uid)
 
     def _enqueue(self, uid: str) -> None:
@@ -231,9 +233,12 @@ class PodSync:
         with self._lock:
             pod = self._pods.get(uid)
             prepared = self._prepared.get(uid)
+            if uid in self._finished:
+                return  # an event that was already queued when we finished the deletion
         if pod is None:  # gone from the API (deleted by someone else): clean up what we prepared
             if prepared is not None:
                 self._unprepare(uid, prepared)
+                self._done(uid)
             return
         meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
         node = spec.get("nodeName") or ""
@@ -248,11 +253,13 @@ class PodSync:
             for ref in prepared.claims if prepared else ():
                 self._unreserve(ref, uid)
             self._finish_deletion(meta)
+            self._done(uid, finished=True)
             return
         phase = status.get("phase")
         if phase in ("Succeeded", "Failed"):
             if prepared is not None:
                 self._unprepare(uid, prepared)
+                self._done(uid)
             return
         if prepared is not None and phase == "Running":
             return
@@ -262,6 +269,13 @@ class PodSync:
             self._prepared[uid] = _Prepared(node, claims)
         if phase != "Running":
             self._report_running(pod)
+
+    def _done(self, uid: str, finished: bool = False) -> None:
+        """Everything prepared for the pod is unprepared (only now: a failed step is retried)."""
+        with self._lock:
+            self._prepared.pop(uid, None)
+            if finished:
+                self._finished.add(uid)
 
     def _claims(self, pod: dict[str, Any], strict: bool = True) -> list[ClaimRef]:
         """The pod's claims; ``strict``: each must exist and be reserved for the pod (else Retry)."""
@@ -359,8 +373,6 @@ class PodSync:
             if errors:
                 names = {c.uid: c.name for c in group}
                 raise Retry("; ".join(f"unprepare of claim {names[u]} failed: {e}" for u, e in errors.items()))
-        with self._lock:
-            self._prepared.pop(uid, None)
 
     def _unreserve(self, ref: ClaimRef, pod_uid: str) -> None:
         path = _CLAIMS.format(ns=ref.namespace, name=ref.name)

@@ -8,10 +8,15 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_dra.demo import PluginProcess, start_plugin
 from otel_dra.kube.client import ApiError, KubeClient, load_credentials
@@ -41,7 +46,15 @@ class Cluster:
         self.root = root
         self.receiver = receiver
         self.metrics_port = free_port()
-        self.sim = KubeletSim(self.client, {self.node: root / self.node / "plugins_registry"})
+        # The emulator's own spans stay in memory: the test checks the plugin continues its trace.
+        self.kubelet_spans = InMemorySpanExporter()
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.kubelet_spans))
+        self.sim = KubeletSim(
+            self.client,
+            {self.node: root / self.node / "plugins_registry"},
+            tracer=self.tracer_provider.get_tracer("kubelet-sim-test"),
+        )
         self.plugin: PluginProcess | None = None
 
     def setup(self) -> None:
@@ -81,8 +94,13 @@ class Cluster:
         self.plugin = start_plugin(
             self.node, self.root, self.kubeconfig, self.metrics_port, driver=self.driver, env=env
         )
-        found = self.sim.watchers[self.node].wait_for(self.driver, 60)
-        assert found is not None, f"plugin did not register; log:\n{self.plugin.log_path.read_text()}"
+        plugin, watcher = self.plugin, self.sim.watchers[self.node]
+        wait_until(
+            lambda: watcher.plugin(self.driver) is not None or plugin.process.poll() is not None,
+            60,
+            what="registration",
+        )
+        assert watcher.plugin(self.driver) is not None, f"plugin did not register; log:\n{plugin.log_path.read_text()}"
 
     def stop_plugin(self) -> None:
         assert self.plugin is not None
@@ -139,15 +157,18 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(testbed_sched, tmp_path):
+def cluster(testbed_sched):
     receiver = OtlpReceiver().start()
-    c = Cluster(testbed_sched, tmp_path, receiver)
+    # Short: unix socket paths are limited to 107 bytes, and pytest's tmp_path is long.
+    root = Path(tempfile.mkdtemp(prefix="ks-"))
+    c = Cluster(testbed_sched, root, receiver)
     try:
         c.setup()
         yield c
     finally:
         c.teardown()
         receiver.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _spans(receiver: OtlpReceiver) -> list[Any]:
@@ -182,8 +203,7 @@ def test_full_cycle_prepare_then_unprepare(cluster):
     spec = json.loads(cdi_files[0].read_text()) if cdi_files[0].suffix == ".json" else cdi_files[0].read_text()
     assert uid in json.dumps(spec)
 
-    # The RPC's SERVER span with a per-claim child, its steps as grandchildren, and the
-    # emulator's traceparent honoured (no tracer in this emulator: the plugin span is a root).
+    # The RPC's SERVER span with a per-claim child and its steps as grandchildren.
     def prepare_trace() -> Any:
         spans = _spans(cluster.receiver)
         rpc = [s for s in spans if s.kind == s.SPAN_KIND_SERVER and "NodePrepareResources" in s.name]
@@ -197,9 +217,13 @@ def test_full_cycle_prepare_then_unprepare(cluster):
         return rpc[0], per_claim[0], steps if len(steps) >= 3 else None
 
     found = wait_until(lambda: (t := prepare_trace()) and t[2] and t, 20, what="prepare trace at the OTLP receiver")
-    _rpc, per_claim, steps = found
+    rpc, per_claim, steps = found
     assert _attrs(per_claim).get("k8s.namespace.name") == cluster.namespace
     assert len(steps) >= 3
+    # The emulator's traceparent is honoured: the plugin's span is a child of the kubelet's call.
+    (call,) = [s for s in cluster.kubelet_spans.get_finished_spans() if s.name == "kubelet NodePrepareResources"]
+    assert rpc.trace_id == call.context.trace_id.to_bytes(16, "big")
+    assert rpc.parent_span_id == call.context.span_id.to_bytes(8, "big")
 
     # Deleting the pod: unprepare, reservation removed, the pod's deletion finished.
     cluster.client.request("DELETE", f"/api/v1/namespaces/{cluster.namespace}/pods/worker")
