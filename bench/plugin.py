@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,20 @@ def wait(what: str, predicate: Any, timeout: float = 300) -> None:
         time.sleep(0.05)
 
 
+def in_plugin(port: int) -> dict[str, float]:
+    """Sum and count of the plugin's own prepare/unprepare histograms (its view, without gRPC)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        for op in ("prepare", "unprepare"):
+            for part in ("sum", "count"):
+                prefix = f'dra_example_driver_{op}_claim_duration_seconds_{part}{{result="success"}} '
+                if line.startswith(prefix):
+                    out[f"{op}_{part}"] = float(line[len(prefix) :])
+    return out
+
+
 def one_round(client: KubeClient, sim: KubeletSim, calls: Calls, pods: int, first: int) -> dict[str, Any]:
     calls.take()
     for i in range(pods):
@@ -105,7 +120,11 @@ def summarize(rounds: list[dict[str, Any]], cpu: float) -> dict[str, Any]:
     prep = [x for r in rounds for x in r["prepare_s"]]
     unprep = [x for r in rounds for x in r["unprepare_s"]]
     ms = lambda v: round(v * 1000, 2)  # noqa: E731
+    inside = [r["in_plugin"] for r in rounds if r.get("in_plugin")]
+    mean = lambda op: sum(i[f"{op}_sum"] for i in inside) / max(1, sum(i[f"{op}_count"] for i in inside))  # noqa: E731
     return {
+        "in_plugin_prepare_mean_ms": ms(mean("prepare")),
+        "in_plugin_unprepare_mean_ms": ms(mean("unprepare")),
         "claims": len(prep),
         "prepare_p50_ms": ms(statistics.median(prep)),
         "prepare_p99_ms": ms(percentile(prep, 0.99)),
@@ -139,26 +158,31 @@ def main() -> int:
             sim = KubeletSim(client, {NODE: registry}, workers=8, on_rpc=calls).start()
             try:
                 first = 0
-                for r in range(args.rounds):
-                    variant = "on" if r % 2 else "off"
+                # Round -1 warms up (first connections, imports, page cache) and is not counted.
+                for r in range(-1, args.rounds):
+                    variant = "on" if r >= 0 and r % 2 else "off"
                     # Off: no OTLP endpoint at all (nothing exported); on: every span exported.
                     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
                     if variant == "on":
                         env["OTEL_EXPORTER_OTLP_PROTOCOL"] = "http/protobuf"
                         env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = f"http://127.0.0.1:{sink_port}/v1/traces"
                         env["OTEL_TRACES_SAMPLER"] = "always_on"
+                    metrics_port = free_port()
                     plugin = start_plugin(
-                        NODE, Path(tmp) / "nodes", kubeconfig, free_port(), env=env, num_devices=DEVICES
+                        NODE, Path(tmp) / "nodes", kubeconfig, metrics_port, env=env, num_devices=DEVICES
                     )
                     try:
                         wait("plugin registered", lambda: sim.watchers[NODE].plugin("gpu.example.com") is not None, 60)
                         before = cpu_seconds(plugin.process.pid)
                         result = one_round(client, sim, calls, args.pods, first)
                         cpu[variant] += cpu_seconds(plugin.process.pid) - before
+                        result["in_plugin"] = in_plugin(metrics_port)
                     finally:
                         plugin.stop()
                         wait("plugin deregistered", lambda: sim.watchers[NODE].plugin("gpu.example.com") is None, 30)
                     first += args.pods
+                    if r < 0:
+                        continue
                     rounds[variant].append(result)
                     print(
                         variant,

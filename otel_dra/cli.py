@@ -599,6 +599,9 @@ def cmd_plugin(args: argparse.Namespace) -> int:
 
     if not args.node_name:
         raise UsageError("--node-name (or NODE_NAME) is required")
+    # As for the exporter: a prepare whose API answer has arrived waits for the GIL up to the
+    # switch interval while another thread (gRPC, telemetry export) runs Python; 1 ms, not 5.
+    sys.setswitchinterval(0.001)
     stop = stop_on_signals()
     try:
         app = start_plugin(
