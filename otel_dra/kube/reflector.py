@@ -212,7 +212,9 @@ class Reflector:
             token: str | None = None
             try:
                 while True:
-                    query: dict[str, str | int] = {"limit": self.page_size, "fieldSelector": self.field_selector}
+                    query: dict[str, str | int] = {"limit": self.page_size}
+                    if self.field_selector:
+                        query["fieldSelector"] = self.field_selector
                     if token:
                         query["continue"] = token
                     page = self.client.get_json(self.resource.path, query)
@@ -254,8 +256,9 @@ class Reflector:
             "allowWatchBookmarks": "true",
             "resourceVersion": resource_version,
             "timeoutSeconds": timeout,
-            "fieldSelector": self.field_selector,
         }
+        if self.field_selector:
+            query["fieldSelector"] = self.field_selector
         try:
             resp = self.client.request(
                 "GET", self.resource.path, query=query, stream=True, timeout=(10.0, timeout + 30.0)
