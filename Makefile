@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install peers protos lint test test-unit run bench bench-scale manifests ci clean
+.PHONY: install peers protos lint test test-unit run sandbox bench bench-scale bench-plugin manifests ci clean
 
 install: $(VENV)/.installed
 
@@ -36,8 +36,13 @@ test-unit: install
 test: lint peers
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-# The sandbox: a local API server with sample DRA objects and the exporter on :8080.
+# The demo: a local control plane, simulated GPU nodes running the instrumented plugin, the kubelet
+# emulator, a cycling workload, and the exporter on :8080 (plugins' metrics on :8081, :8082).
 run: peers
+	$(BIN)/otel-dra demo
+
+# The sandbox: a local API server with sample DRA objects and the exporter on :8080.
+sandbox: peers
 	$(BIN)/otel-dra sandbox
 
 bench: peers
@@ -46,6 +51,10 @@ bench: peers
 # Issue #5's targets: 1k/10k/100k claims, churn, lag, OTLP, baseline (about 15 minutes on 2 cores).
 bench-scale: peers
 	$(BIN)/python -m bench.scale --claims 1000 10000 100000 --json docs/bench-scale.json
+
+# Issue #3: prepare/unprepare latency through the kubelet emulator, tracing off and on.
+bench-plugin: peers
+	$(BIN)/python -m bench.plugin --json docs/bench-plugin.json
 
 # Plain YAML for users without Helm, rendered from the chart (a test fails when they drift apart).
 manifests: peers

@@ -204,6 +204,7 @@ def start_exporter(
     from otel_dra.kube.client import KubeClient, load_credentials
     from otel_dra.telemetry.exposition import assemble
     from otel_dra.telemetry.http import Endpoints, MetricsServer, NotReady
+    from otel_dra.telemetry.priority import ScrapePriority
     from otel_dra.telemetry.provider import build_metrics_pipeline
 
     # A scrape thread waiting for the GIL while another thread runs Python (a watch burst, an OTLP
@@ -240,6 +241,7 @@ def start_exporter(
         if ok:
             state.record_collection(seconds, "prometheus", cpu_seconds)
 
+    priority = ScrapePriority()
     pusher = None
     if pipeline.otlp is not None:
         from otel_dra.cluster.exporter import SCOPE
@@ -255,8 +257,9 @@ def start_exporter(
             RequestBuilder(pipeline.resource, SCOPE, __version__),
             raw_sender(pipeline.otlp),
             on_export=on_export,
+            priority=priority,
         )
-    server = MetricsServer(Endpoints(scrape, state.not_synced, on_scrape), address, port)
+    server = MetricsServer(Endpoints(scrape, state.not_synced, on_scrape, priority), address, port)
     state.start()
     server.start()
     if pusher is not None:
@@ -596,6 +599,9 @@ def cmd_plugin(args: argparse.Namespace) -> int:
 
     if not args.node_name:
         raise UsageError("--node-name (or NODE_NAME) is required")
+    # As for the exporter: a prepare whose API answer has arrived waits for the GIL up to the
+    # switch interval while another thread (gRPC, telemetry export) runs Python; 1 ms, not 5.
+    sys.setswitchinterval(0.001)
     stop = stop_on_signals()
     try:
         app = start_plugin(
@@ -652,6 +658,12 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_subcommand(sub)
+    from otel_dra.kubeletsim.cli import add_subcommand as add_kubelet_sim
+
+    add_kubelet_sim(sub)
+    from otel_dra.demo import add_subcommand as add_demo
+
+    add_demo(sub)
     return parser
 
 

@@ -86,8 +86,10 @@ class Reflector:
         watch_timeout: tuple[int, int] = (240, 420),
         backoff: tuple[float, float] = (0.5, 30.0),
         clock: Callable[[], float] = time.monotonic,
+        field_selector: str = "",
     ) -> None:
         self.client = client
+        self.field_selector = field_selector  # e.g. "spec.nodeName=node-1": list and watch alike
         self.resource = resource
         self.handler = handler
         self.events = events
@@ -211,6 +213,8 @@ class Reflector:
             try:
                 while True:
                     query: dict[str, str | int] = {"limit": self.page_size}
+                    if self.field_selector:
+                        query["fieldSelector"] = self.field_selector
                     if token:
                         query["continue"] = token
                     page = self.client.get_json(self.resource.path, query)
@@ -253,6 +257,8 @@ class Reflector:
             "resourceVersion": resource_version,
             "timeoutSeconds": timeout,
         }
+        if self.field_selector:
+            query["fieldSelector"] = self.field_selector
         try:
             resp = self.client.request(
                 "GET", self.resource.path, query=query, stream=True, timeout=(10.0, timeout + 30.0)

@@ -4,6 +4,10 @@ As in dra-example-driver: vendor ``k8s.<driver>`` and class ``gpu`` make the kin
 ``k8s.<driver>/gpu``. One spec file holds the ``common`` device (node and driver name as
 environment variables) and each prepared claim gets a transient spec file of its own with devices
 ``<claimUID>-<device>``. A container gets ``<kind>=common`` plus its claim's devices.
+
+Claim specs are written atomically but not fsynced: they live under /var/run/cdi (tmpfs on
+nodes) and are derived from the checkpoint, which is durable; a prepare of a checkpointed claim
+whose spec is missing writes it again.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from otel_dra.plugin.files import remove_durably, write_atomic
+from otel_dra.plugin.files import remove_file, write_atomic
 
 CDI_VERSION = "0.5.0"
 CDI_CLASS = "gpu"
@@ -61,12 +65,12 @@ class CdiWriter:
             for name in device_names
         ]
         path = self.claim_spec_path(claim_uid)
-        write_atomic(path, self._spec(devices))
+        write_atomic(path, self._spec(devices), durable=False)
         return path
 
     def remove_claim(self, claim_uid: str) -> bool:
         """Delete the claim's spec file; False when there was none (already unprepared)."""
-        return remove_durably(self.claim_spec_path(claim_uid))
+        return remove_file(self.claim_spec_path(claim_uid), durable=False)
 
 
 def env_name(device_name: str) -> str:

@@ -71,6 +71,9 @@ class Checkpoint:
         self.path = path
         self._lock = threading.Lock()
         self._claims: dict[str, PreparedClaim] = self._load()
+        # Each entry's JSON form, made once when the claim is recorded: every change rewrites the
+        # whole file, and converting every entry again made a write grow with the prepared claims.
+        self._entries: dict[str, dict[str, Any]] = {uid: c.to_json() for uid, c in self._claims.items()}
 
     def _load(self) -> dict[str, PreparedClaim]:
         try:
@@ -94,9 +97,9 @@ class Checkpoint:
             # CDI files then never get removed. The operator decides (fix or delete the file).
             raise CheckpointError(f"checkpoint {self.path} is unreadable ({exc}); fix or remove it") from exc
 
-    def _save(self, claims: dict[str, PreparedClaim]) -> None:
-        data = {"version": VERSION, "claims": {uid: c.to_json() for uid, c in sorted(claims.items())}}
-        write_atomic(self.path, (json.dumps(data, indent=1) + "\n").encode(), mode=0o600)
+    def _save(self, entries: dict[str, dict[str, Any]]) -> None:
+        data = {"version": VERSION, "claims": entries}
+        write_atomic(self.path, (json.dumps(data, separators=(",", ":")) + "\n").encode(), mode=0o600)
 
     def get(self, uid: str) -> PreparedClaim | None:
         with self._lock:
@@ -109,15 +112,17 @@ class Checkpoint:
     def put(self, uid: str, claim: PreparedClaim) -> None:
         """Record a prepared claim; on a write error nothing changes (memory follows the disk)."""
         with self._lock:
-            claims = {**self._claims, uid: claim}
-            self._save(claims)
-            self._claims = claims
+            entries = {**self._entries, uid: claim.to_json()}
+            self._save(entries)
+            self._claims = {**self._claims, uid: claim}
+            self._entries = entries
 
     def remove(self, uid: str) -> bool:
         with self._lock:
             if uid not in self._claims:
                 return False
-            claims = {k: v for k, v in self._claims.items() if k != uid}
-            self._save(claims)
-            self._claims = claims
+            entries = {k: v for k, v in self._entries.items() if k != uid}
+            self._save(entries)
+            self._claims = {k: v for k, v in self._claims.items() if k != uid}
+            self._entries = entries
             return True

@@ -20,6 +20,7 @@ from otel_dra.telemetry.exposition import (
     negotiate,
     wants_gzip,
 )
+from otel_dra.telemetry.priority import ScrapePriority
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,8 @@ class Endpoints:
     scrape: Callable[[bool, bool], list[bytes]]
     ready: Callable[[], str | None]
     on_scrape: Callable[[float, float, bool], None] | None = None  # (seconds, CPU seconds, ok)
+    # Marks scrapes in flight (rendering and sending) so that background exports can step aside.
+    priority: ScrapePriority | None = None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -81,6 +84,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, b"not found\n")
 
     def _metrics(self) -> None:
+        if self.endpoints.priority is None:
+            self._serve_metrics()
+        else:
+            with self.endpoints.priority.scraping():
+                self._serve_metrics()
+
+    def _serve_metrics(self) -> None:
         openmetrics = negotiate(self.headers.get("Accept"))
         gzipped = wants_gzip(self.headers.get("Accept-Encoding"))
         start, cpu = time.perf_counter(), time.thread_time()

@@ -9,6 +9,7 @@ protocols against a real OTLP receiver, so an upgrade that moves them fails loud
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -17,6 +18,7 @@ from typing import Any, Protocol
 
 from otel_dra.telemetry.otlp import OtlpSignalConfig, metric_export_interval_ms
 from otel_dra.telemetry.otlp_encode import MetricHeader, PointGroup, RequestBuilder
+from otel_dra.telemetry.priority import ScrapePriority
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +92,8 @@ class PreEncodedPusher:
         interval_s: float | None = None,
         on_export: Callable[[float, float, bool], None] | None = None,
         pace_s: float = 0.005,
+        priority: ScrapePriority | None = None,
+        max_defer_s: float | None = None,
     ) -> None:
         self._source = source
         self._builder = builder
@@ -99,6 +103,10 @@ class PreEncodedPusher:
         # A short pause between requests hands the CPU and the GIL to scrapes in between: at 10^5
         # claims a push is ~30 requests of 3 MiB, each built in C while holding the GIL.
         self._pace = pace_s
+        # Scrapes in flight make each request wait (see priority.py), but a push is never deferred
+        # by more than this in total, so that back-to-back scrapes cannot starve it.
+        self._priority = priority
+        self._max_defer = max_defer_s if max_defer_s is not None else min(10.0, self._interval / 2)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="otlp-state-push", daemon=True)
@@ -119,9 +127,16 @@ class PreEncodedPusher:
                 metrics = self._source()
                 if metrics is None:
                     return False
-                for i, request in enumerate(self._builder.requests(metrics, time.time_ns())):
+                defer_left = self._max_defer
+                requests = iter(self._builder.requests(metrics, time.time_ns()))
+                for i in itertools.count():
                     if i and self._pace and not self._stop.is_set():
                         time.sleep(self._pace)
+                    if self._priority is not None and not self._stop.is_set():
+                        defer_left -= self._priority.wait_idle(defer_left)
+                    request = next(requests, None)  # built here, after any wait
+                    if request is None:
+                        break
                     ok = self._sender.send(request) and ok
             except Exception:  # an export failure must never end the pushing thread
                 log.exception("OTLP export of cluster state failed")

@@ -424,9 +424,11 @@ def up(
                     str(binaries.kube_controller_manager),
                     kubeconfig,
                     "--leader-elect=false",
-                    # Only ResourceClaimTemplate -> ResourceClaim; this also keeps the node-lifecycle
-                    # controller from tainting the kubelet-less Nodes tests create.
-                    "--controllers=resourceclaim-controller",
+                    # ResourceClaimTemplate -> ResourceClaim, and the garbage collector that deletes
+                    # a pod's generated claims once the pod is gone (the claim controller leaves
+                    # that to it). Nothing else: that keeps the node-lifecycle controller from
+                    # tainting the kubelet-less Nodes tests create.
+                    "--controllers=resourceclaim-controller,garbage-collector-controller",
                     # Controllers use the admin kubeconfig directly: the ServiceAccount token
                     # controller that per-controller credentials would need is not running.
                     "--use-service-account-credentials=false",

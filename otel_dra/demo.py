@@ -1,0 +1,264 @@
+"""``otel-dra demo``: the whole DRA path on one machine, instrumented end to end.
+
+It starts a local control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager),
+then N simulated nodes, each running the example kubelet plugin (``otel-dra plugin``) as its own
+process with its metrics on its own port; ``otel-dra kubelet-sim`` plays the kubelets; the exporter
+serves the cluster state on :8080; and a workload keeps cycling pods that take one GPU each through
+a ResourceClaimTemplate, so the scheduler allocates, the plugins prepare and unprepare, and every
+counter moves. Ctrl-C stops everything and leaves nothing running.
+
+With ``OTEL_EXPORTER_OTLP_ENDPOINT`` set, the plugins' prepare/unprepare traces (and all metrics)
+are pushed there too, e.g. to a local Jaeger.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from otel_dra.kube.client import ApiError, KubeClient
+
+log = logging.getLogger("otel_dra.demo")
+
+DRIVER = "gpu.example.com"
+NAMESPACE = "demo"
+TEMPLATE = "one-gpu"
+APP_LABEL = "otel-dra-demo"
+
+
+def demo_objects(driver: str = DRIVER) -> list[dict[str, Any]]:
+    """The DeviceClass, namespace and claim template the workload's pods use."""
+    return [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": driver, "annotations": {"hourly-cost": "2.50"}},
+            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{driver}'"}}]},
+        },
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": TEMPLATE, "namespace": NAMESPACE},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": driver}}]}}},
+        },
+    ]
+
+
+def workload_pod(index: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"worker-{index}", "namespace": NAMESPACE, "labels": {"app": APP_LABEL}},
+        "spec": {
+            "containers": [
+                {"name": "work", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "gpu"}]}}
+            ],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": TEMPLATE}],
+            "terminationGracePeriodSeconds": 5,
+        },
+    }
+
+
+class Workload:
+    """Keeps ``pods`` pods alive, each for a random lifetime, then deletes and replaces it."""
+
+    def __init__(self, client: KubeClient, pods: int, lifetime: tuple[float, float] = (5.0, 20.0)) -> None:
+        self.client = client
+        self.pods = pods
+        self.lifetime = lifetime
+        self.created = 0
+        self.deleted = 0
+        self._deadlines: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="demo-workload", daemon=True)
+
+    def start(self) -> Workload:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                self._step()
+            except ApiError as exc:  # the demo keeps going through API hiccups
+                log.warning("workload: %s", exc)
+
+    def _step(self) -> None:
+        now = time.monotonic()
+        for name, deadline in list(self._deadlines.items()):
+            if now >= deadline:
+                try:
+                    self.client.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+                except ApiError as exc:
+                    if exc.status != 404:
+                        raise
+                del self._deadlines[name]
+                self.deleted += 1
+        while len(self._deadlines) < self.pods and not self._stop.is_set():
+            pod = workload_pod(self.created)
+            self.client.send_json("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod)
+            self.created += 1
+            self._deadlines[pod["metadata"]["name"]] = now + random.uniform(*self.lifetime)
+
+
+@dataclass
+class PluginProcess:
+    node: str
+    metrics_port: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_plugin(
+    node: str,
+    root: Path,
+    kubeconfig: str,
+    metrics_port: int,
+    *,
+    driver: str = DRIVER,
+    num_devices: int = 8,
+    env: Mapping[str, str] | None = None,
+) -> PluginProcess:
+    """Run ``otel-dra plugin`` for ``node`` as its own process, like the DaemonSet pod on that node.
+
+    ``env`` replaces this process's environment (default: inherited, so ``OTEL_*`` settings reach
+    the plugins)."""
+    base = root / node
+    for sub in ("plugins", "plugins_registry", "cdi"):
+        (base / sub).mkdir(parents=True, exist_ok=True)
+    log_path = base / "plugin.log"
+    argv = [
+        sys.executable,
+        "-m",
+        "otel_dra",
+        "plugin",
+        f"--node-name={node}",
+        f"--driver-name={driver}",
+        f"--kubeconfig={kubeconfig}",
+        f"--kubelet-plugins-directory-path={base / 'plugins'}",
+        f"--kubelet-registrar-directory-path={base / 'plugins_registry'}",
+        f"--cdi-root={base / 'cdi'}",
+        f"--metrics-port={metrics_port}",
+        f"--num-devices={num_devices}",
+    ]
+    environ = dict(os.environ if env is None else env)
+    environ.setdefault("OTEL_SERVICE_NAME", "otel-dra-plugin")
+    with open(log_path, "ab") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=environ, start_new_session=True)
+    return PluginProcess(node, metrics_port, process, log_path)
+
+
+def add_subcommand(sub: Any) -> None:
+    from otel_dra.cli import _add, _add_common, _int_in
+
+    p = sub.add_parser(
+        "demo",
+        help="local cluster + simulated GPU nodes running the instrumented plugin + exporter + workload",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--dir", default=None, help="state directory (default: a temporary one, removed at exit)")
+    _add(p, "--nodes", "OTEL_DRA_DEMO_NODES", "simulated nodes", default=2, type=_int_in(1, 50))
+    _add(p, "--pods", "OTEL_DRA_DEMO_PODS", "pods kept running, one GPU each", default=10, type=_int_in(0, 10000))
+    _add(p, "--port", "OTEL_DRA_PORT", "exporter listen port", default=8080, type=_int_in(0, 65535))
+    _add(
+        p,
+        "--plugin-metrics-port",
+        "OTEL_DRA_DEMO_PLUGIN_METRICS_PORT",
+        "metrics port of the first node's plugin; node i uses this + i",
+        default=8081,
+        type=_int_in(1, 65000),
+    )
+    _add(p, "--address", "OTEL_DRA_ADDRESS", "exporter listen address", default="127.0.0.1")
+    _add_common(p)
+    p.set_defaults(func=cmd_demo)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from otel_dra.cli import start_exporter, stop_on_signals, wait_for
+    from otel_dra.fixtures import apply_all
+    from otel_dra.kube.client import load_credentials
+    from otel_dra.kubeletsim.sim import KubeletSim
+    from otel_dra.testbed import BinariesMissingError, build, find_binaries, running
+
+    stop = stop_on_signals()
+    try:
+        binaries = find_binaries()
+    except BinariesMissingError:
+        log.info("building the testbed binaries first (one time, several minutes)")
+        binaries = build()
+    with tempfile.TemporaryDirectory(prefix="otel-dra-demo-") as tmp:
+        directory = Path(args.dir) if args.dir else Path(tmp)
+        with running(directory / "testbed", scheduler=True, controller_manager=True, binaries=binaries) as testbed:
+            kubeconfig = str(testbed.kubeconfig)
+            client = KubeClient(load_credentials(kubeconfig), user_agent="otel-dra-demo")
+            apply_all(client, demo_objects())
+            nodes = [f"node-{i}" for i in range(args.nodes)]
+            plugins: list[PluginProcess] = []
+            sim = workload = app = None
+            try:
+                # Nodes first: a plugin publishes its ResourceSlice for an existing Node.
+                sim = KubeletSim(client, {n: directory / "nodes" / n / "plugins_registry" for n in nodes}).start()
+                for i, node in enumerate(nodes):
+                    plugins.append(start_plugin(node, directory / "nodes", kubeconfig, args.plugin_metrics_port + i))
+                for plugin in plugins:
+                    if sim.watchers[plugin.node].wait_for(DRIVER, 60) is None:
+                        log.error("plugin on %s did not register; its log: %s", plugin.node, plugin.log_path)
+                        return 1
+                try:
+                    app = start_exporter(kubeconfig=kubeconfig, address=args.address, port=args.port)
+                except OSError as exc:
+                    log.error("cannot listen on port %d: %s", args.port, exc)
+                    return 2
+                workload = Workload(client, args.pods).start()
+                host = args.address or "127.0.0.1"
+                plugin_lines = "\n".join(
+                    f"  curl -s http://127.0.0.1:{p.metrics_port}/metrics | grep -E 'dra_example_driver|rest_client'"
+                    f"   # plugin on {p.node} (log {p.log_path})"
+                    for p in plugins
+                )
+                print(
+                    f"\ndemo running: {args.nodes} node(s) x 8 simulated GPUs, {args.pods} pods cycling\n"
+                    f"  curl -s http://{host}:{app.port}/metrics | grep ^kube_   # cluster state\n"
+                    f"{plugin_lines}\n"
+                    f"  KUBECONFIG={kubeconfig} {binaries.kubectl} get pods,resourceclaims -n {NAMESPACE}\n"
+                    f"Ctrl-C stops everything.\n",
+                    flush=True,
+                )
+                wait_for(stop)
+            finally:
+                if workload is not None:
+                    workload.stop()
+                if app is not None:
+                    app.stop()
+                for plugin in plugins:
+                    plugin.stop()
+                if sim is not None:
+                    sim.stop()
+    return 0

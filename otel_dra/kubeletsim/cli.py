@@ -1,0 +1,71 @@
+"""``otel-dra kubelet-sim`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+from otel_dra import kubeletsim
+from otel_dra.kubeletsim.sim import DEFAULT_REGISTRY_DIR
+
+log = logging.getLogger("otel_dra.kubelet_sim")
+
+
+def _node(text: str) -> tuple[str, Path]:
+    name, _, directory = text.partition("=")
+    if not name or "/" in name:
+        raise argparse.ArgumentTypeError(f"expected NAME or NAME=REGISTRY_DIR, got {text!r}")
+    return name, Path(directory) if directory else DEFAULT_REGISTRY_DIR
+
+
+def add_subcommand(sub: Any) -> None:
+    from otel_dra.cli import _add, _add_common, _int_in
+
+    p = sub.add_parser(
+        "kubelet-sim",
+        help="play the kubelet's DRA part (registration, prepare/unprepare, pod status) for fake nodes",
+        description=kubeletsim.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--node",
+        dest="nodes",
+        action="append",
+        type=_node,
+        required=True,
+        metavar="NAME[=REGISTRY_DIR]",
+        help=f"a node to emulate and the directory its plugins register in (default {DEFAULT_REGISTRY_DIR}); "
+        "repeatable",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="kubeconfig file; default: KUBECONFIG (path list), else in-cluster, else ~/.kube/config",
+    )
+    _add(p, "--workers", "KUBELET_SIM_WORKERS", "pods handled in parallel", default=4, type=_int_in(1, 64))
+    _add_common(p)
+    p.set_defaults(func=cmd_kubelet_sim)
+
+
+def cmd_kubelet_sim(args: argparse.Namespace) -> int:
+    from otel_dra.cli import UsageError, stop_on_signals, wait_for
+    from otel_dra.kube.client import ApiError, CredentialsError, KubeClient, load_credentials
+    from otel_dra.kubeletsim.sim import KubeletSim
+
+    nodes = dict(args.nodes)
+    if len(nodes) != len(args.nodes):
+        raise UsageError("--node: a node was given twice")
+    stop = stop_on_signals()
+    try:
+        client = KubeClient(load_credentials(args.kubeconfig), user_agent="otel-dra-kubelet-sim")
+        sim = KubeletSim(client, nodes, workers=args.workers).start()
+    except (CredentialsError, ApiError) as exc:
+        log.error("%s", exc)
+        return 2
+    try:
+        wait_for(stop)
+    finally:
+        sim.stop()
+    return 0
