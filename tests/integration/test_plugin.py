@@ -446,3 +446,60 @@ def test_fatal_background_error_is_counted_and_reported(start, node, admin_clien
     assert fatal.wait(10)
     assert isinstance(app.fatal, DiscoveryError)
     assert metric(app.metrics_port, "dra_example_driver_fatal_background_errors_total") == 1
+
+
+# The least privilege the plugin needs (what a chart's ClusterRole should grant, no more).
+PLUGIN_RBAC = """
+apiVersion: v1
+kind: Namespace
+metadata: {name: plugin-rbac}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: dra-plugin, namespace: plugin-rbac}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: otel-dra-plugin-test}
+rules:
+- apiGroups: [resource.k8s.io]
+  resources: [resourceclaims]
+  verbs: [get]
+- apiGroups: [resource.k8s.io]
+  resources: [resourceslices]
+  verbs: [list, create, update, delete]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: otel-dra-plugin-test}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: otel-dra-plugin-test}
+subjects:
+- {kind: ServiceAccount, name: dra-plugin, namespace: plugin-rbac}
+"""
+
+
+def test_least_privilege_is_enough(testbed, dirs, kubelet, node, namespace, admin_client):
+    testbed.kubectl("apply", "-f", "-", input=PLUGIN_RBAC)
+    token = testbed.mint_token("plugin-rbac", "dra-plugin")
+    kubeconfig = testbed.write_kubeconfig(testbed.dir / "dra-plugin.kubeconfig", token)
+    app = start_plugin(
+        node_name=node,
+        kubeconfig=str(kubeconfig),
+        plugins_dir=dirs.plugins,
+        registrar_dir=dirs.registry,
+        cdi_root=dirs.cdi,
+        num_devices=130,  # two slices: create, and below delete
+        metrics_port=0,
+        metrics_address="127.0.0.1",
+    )
+    try:
+        wait_until(lambda: len(own_slices(admin_client, node)) == 2, what="slices published with least privilege")
+        assert app.publisher.sync() is False  # list works; nothing to write
+        claim = make_claim(admin_client, namespace, f"rbac-{node}", [result(node, "gpu-129")])
+        uid = claim["metadata"]["uid"]
+        assert kubelet.prepare([ref(claim)]).claims[uid].error == ""
+        assert kubelet.unprepare([ref(claim)]).claims[uid].error == ""
+        assert metric(app.metrics_port, "rest_client_requests_total", code="403", method="GET") is None
+    finally:
+        app.stop(remove_slices=True)
+    assert own_slices(admin_client, node) == []
