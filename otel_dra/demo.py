@@ -201,12 +201,21 @@ def add_subcommand(sub: Any) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from otel_dra import __version__
     from otel_dra.cli import start_exporter, stop_on_signals, wait_for
     from otel_dra.fixtures import apply_all
     from otel_dra.kube.client import load_credentials
+    from otel_dra.kubeletsim.cli import kubelet_tracer
     from otel_dra.kubeletsim.sim import KubeletSim
+    from otel_dra.telemetry.otlp import ConfigError
+    from otel_dra.telemetry.tracing import build_tracing_pipeline
     from otel_dra.testbed import BinariesMissingError, build, find_binaries, running
 
+    try:
+        tracing = build_tracing_pipeline(service_name="otel-dra-kubelet-sim", version=__version__)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
     stop = stop_on_signals()
     try:
         binaries = find_binaries()
@@ -224,7 +233,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             sim = workload = app = None
             try:
                 # Nodes first: a plugin publishes its ResourceSlice for an existing Node.
-                sim = KubeletSim(client, {n: directory / "nodes" / n / "plugins_registry" for n in nodes}).start()
+                registries = {n: directory / "nodes" / n / "plugins_registry" for n in nodes}
+                sim = KubeletSim(client, registries, tracer=kubelet_tracer(tracing)).start()
                 for i, node in enumerate(nodes):
                     plugins.append(start_plugin(node, directory / "nodes", kubeconfig, args.plugin_metrics_port + i))
                 for plugin in plugins:
@@ -261,4 +271,5 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     plugin.stop()
                 if sim is not None:
                     sim.stop()
+                tracing.shutdown()
     return 0

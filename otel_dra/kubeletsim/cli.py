@@ -7,8 +7,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from otel_dra import kubeletsim
+from otel_dra import __version__, kubeletsim
 from otel_dra.kubeletsim.sim import DEFAULT_REGISTRY_DIR
+from otel_dra.telemetry.tracing import TracingPipeline, build_tracing_pipeline
 
 log = logging.getLogger("otel_dra.kubelet_sim")
 
@@ -53,19 +54,28 @@ def cmd_kubelet_sim(args: argparse.Namespace) -> int:
     from otel_dra.cli import UsageError, stop_on_signals, wait_for
     from otel_dra.kube.client import ApiError, CredentialsError, KubeClient, load_credentials
     from otel_dra.kubeletsim.sim import KubeletSim
+    from otel_dra.telemetry.otlp import ConfigError
 
     nodes = dict(args.nodes)
     if len(nodes) != len(args.nodes):
         raise UsageError("--node: a node was given twice")
     stop = stop_on_signals()
     try:
+        tracing = build_tracing_pipeline(service_name="otel-dra-kubelet-sim", version=__version__)
         client = KubeClient(load_credentials(args.kubeconfig), user_agent="otel-dra-kubelet-sim")
-        sim = KubeletSim(client, nodes, workers=args.workers).start()
-    except (CredentialsError, ApiError) as exc:
+        sim = KubeletSim(client, nodes, workers=args.workers, tracer=kubelet_tracer(tracing)).start()
+    except (CredentialsError, ApiError, ConfigError) as exc:
         log.error("%s", exc)
         return 2
     try:
         wait_for(stop)
     finally:
         sim.stop()
+        tracing.shutdown()
     return 0
+
+
+def kubelet_tracer(tracing: TracingPipeline) -> Any:
+    """The emulator's tracer when tracing is configured: its CLIENT span per call becomes the
+    parent of the plugin's spans (traceparent in the gRPC metadata), as a traced kubelet's would."""
+    return tracing.tracer_provider.get_tracer("otel_dra.kubeletsim", __version__) if tracing.enabled else None
