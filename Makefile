@@ -15,9 +15,10 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	$(BIN)/pip check
 	touch $@
 
-# etcd + kube-apiserver/scheduler/controller-manager/kubectl from Go modules (skipped when cached).
+# etcd, kube-apiserver/scheduler/controller-manager/kubectl, helm, the OpenTelemetry Collector (ocb)
+# and Jaeger, all from Go modules into ~/.cache/otel-dra (each skipped when already built).
 peers: install
-	$(BIN)/otel-dra testbed build --helm
+	$(BIN)/otel-dra testbed build --helm --otelcol --jaeger
 
 lint: install
 	$(BIN)/ruff check otel_dra tests bench
