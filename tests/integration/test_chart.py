@@ -263,6 +263,11 @@ def test_prod_values_profile(helm):
     [deploy] = kinds["Deployment"]
     assert deploy["spec"]["replicas"] == 2
     assert kinds["PodDisruptionBudget"][0]["spec"]["minAvailable"] == 1
+    [plugin] = kinds["DaemonSet"]
+    assert plugin["spec"]["template"]["spec"]["priorityClassName"] == "system-node-critical"
+    assert len(kinds["ServiceMonitor"]) == 2  # the exporter's and the plugins'
+    [dashboards] = kinds["ConfigMap"]
+    assert dashboards["metadata"]["labels"]["grafana_dashboard"] == "1"
 
 
 def test_alert_rules_pass_promtool(helm, tmp_path):
