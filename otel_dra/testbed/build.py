@@ -543,13 +543,13 @@ def prometheus_operator_crds(cache_root: Path | None = None) -> list[Path]:
 
 # The Collector Builder (ocb) release and the component releases it assembles. Every component must
 # come from one Collector release: core v0.165.0 pairs with the stable core modules v1.71.0 and with
-# contrib v0.165.1. contrib's k8sattributesprocessor is versioned 1.x since it went stable; v1.4.1 is
-# its release built from contrib v0.165.1 (it requires internal/k8sconfig v0.165.1).
+# contrib v0.165.1. contrib's k8sattributesprocessor is versioned 1.x since it went stable (see
+# OTELCOL_REPLACES for why it is one release behind).
 OCB_VERSION = "v0.165.0"
 OTELCOL_CORE_VERSION = "v0.165.0"
 OTELCOL_STABLE_VERSION = "v1.71.0"
 OTELCOL_CONTRIB_VERSION = "v0.165.1"
-K8SATTRIBUTES_VERSION = "v1.4.1"
+K8SATTRIBUTES_VERSION = "v1.3.1"
 OTELCOL_NAME = "otelcol-dra"
 
 _CORE = "go.opentelemetry.io/collector"
@@ -581,6 +581,13 @@ OTELCOL_COMPONENTS: Mapping[str, tuple[str, ...]] = {
     ),
 }
 
+# k8sattributesprocessor cannot be had at the v0.165 release itself: v1.4.0/v1.4.1 (built from contrib
+# v0.165.x) require go.opentelemetry.io/otel at an unreleased commit (semconv/v1.44.0) that the module
+# proxy does not serve. v1.3.1 (contrib v0.164.1) builds against the released otel v1.47.0 and the
+# stable v1.71.0 core APIs, but its internal/kubelet v0.164.1 is not served either: the v0.165.1 one
+# replaces it. Its tests' semconvtest module is not served at any version, hence `go mod tidy -e`.
+OTELCOL_REPLACES = (f"{_CONTRIB}/internal/kubelet => {_CONTRIB}/internal/kubelet {OTELCOL_CONTRIB_VERSION}",)
+
 # Jaeger v2 (a Collector distribution itself): tag v1.76.0 carries the v2.13.0 code. Its go.mod
 # replaces sarama; replace lines of a dependency do not apply, so the wrapper repeats it.
 JAEGER_VERSION = "v1.76.0"
@@ -600,6 +607,8 @@ def otelcol_manifest(output_path: Path) -> str:
     for kind, modules in OTELCOL_COMPONENTS.items():
         lines.append(f"{kind}:")
         lines.extend(f"  - gomod: {module}" for module in modules)
+    lines.append("replaces:")
+    lines.extend(f"  - {replace}" for replace in OTELCOL_REPLACES)
     return "\n".join(lines) + "\n"
 
 
@@ -725,7 +734,10 @@ def build_otelcol(
             f"{key}: ocb (go mod tidy + go build)",
             [str(ocb), f"--config={manifest}", *(["--verbose"] if verbose else [])],
             cwd=src,
-            env=env,
+            # ocb runs `go mod tidy` without -e, which fails on test-only modules the proxy does not
+            # serve (see OTELCOL_REPLACES); GOFLAGS reaches only the go commands that know a flag, so
+            # -e applies to tidy and not to build.
+            env={**env, "GOFLAGS": env["GOFLAGS"] + " -e"},
             log=root / "logs" / f"{key}-build.log",
             progress=progress,
             verbose=verbose,

@@ -24,7 +24,7 @@ def test_manifest_lists_one_collector_release_and_no_fileexporter(tmp_path: Path
         "otlpreceiver": "v0.165.0",
         "batchprocessor": "v0.165.0",
         "memorylimiterprocessor": "v0.165.0",
-        "k8sattributesprocessor": "v1.4.1",
+        "k8sattributesprocessor": "v1.3.1",
         "resourceprocessor": "v0.165.1",
         "otlpexporter": "v0.165.0",
         "otlphttpexporter": "v0.165.0",
@@ -34,6 +34,11 @@ def test_manifest_lists_one_collector_release_and_no_fileexporter(tmp_path: Path
     }
     assert not any("fileexporter" in m for m in modules)
     assert all(entry["gomod"].endswith(b.OTELCOL_STABLE_VERSION) for entry in manifest["providers"])
+    # k8sattributes v1.3.1's internal/kubelet v0.164.1 is not served: the release's own replaces it.
+    assert manifest["replaces"] == [
+        "github.com/open-telemetry/opentelemetry-collector-contrib/internal/kubelet => "
+        "github.com/open-telemetry/opentelemetry-collector-contrib/internal/kubelet v0.165.1"
+    ]
 
 
 def test_cache_key_changes_with_the_components(monkeypatch: pytest.MonkeyPatch) -> None:
