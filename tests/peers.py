@@ -350,6 +350,9 @@ def jaeger_config(otlp_grpc: int, otlp_http: int, query_http: int, query_grpc: i
             "jaeger_storage": {"backends": {"memstore": {"memory": {"max_traces": 10000}}}},
             "jaeger_query": {
                 "storage": {"traces": "memstore"},
+                # On by default in Jaeger v2: it would send the query service's own traces to
+                # whatever listens on localhost:4317.
+                "enable_tracing": False,
                 "http": {"endpoint": f"127.0.0.1:{query_http}"},
                 "grpc": {"endpoint": f"127.0.0.1:{query_grpc}"},
             },

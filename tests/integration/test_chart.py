@@ -422,12 +422,19 @@ def test_server_side_dry_run_with_plugin(helm, testbed, operator_crds, sets):
     _apply(testbed, render(helm, *sets), "--dry-run=server")
 
 
+PLUGIN_TEST_DRIVER = "chart-test.example.com"
+
+
 @pytest.fixture(scope="module")
 def plugin_release(helm, testbed):
     """The chart with the plugin, applied for real into namespace dra-plugin (nothing runs the pods:
     the testbed has no kubelet; RBAC and the admission policy are what is tested)."""
     testbed.kubectl("create", "namespace", "dra-plugin", check=False)
-    docs = [d for d in render(helm, "plugin.enabled=true", release="plug", namespace="dra-plugin")]
+    # A driver name of its own: the DeviceClass it creates must not replace the sample objects'
+    # gpu.example.com class that other tests load into the same API server.
+    docs = render(
+        helm, "plugin.enabled=true", f"plugin.driverName={PLUGIN_TEST_DRIVER}", release="plug", namespace="dra-plugin"
+    )
     _apply(testbed, docs)
     return "system:serviceaccount:dra-plugin:plug-otel-dra-kubeletplugin"
 
@@ -464,7 +471,7 @@ def test_plugin_serviceaccount_can_exactly_what_the_plugin_needs(testbed, plugin
     assert result.stdout.strip() == "no"
 
 
-def _slice(name: str, node: str | None, driver: str = "gpu.example.com") -> dict:
+def _slice(name: str, node: str | None, driver: str = PLUGIN_TEST_DRIVER) -> dict:
     spec: dict = {"driver": driver, "pool": {"name": node or "shared", "generation": 1, "resourceSliceCount": 1}}
     if node:
         spec["nodeName"] = node
@@ -511,7 +518,8 @@ def test_admission_policy_keeps_the_plugin_to_its_own_node_and_driver(testbed, p
     assert ok.returncode == 0, ok.stderr
     other_driver = create(_slice("vap-a-other", "vap-node-a", driver="other.example.com"), as_plugin)
     assert (
-        other_driver.returncode != 0 and "only change ResourceSlices of driver gpu.example.com" in other_driver.stderr
+        other_driver.returncode != 0
+        and f"only change ResourceSlices of driver {PLUGIN_TEST_DRIVER}" in other_driver.stderr
     )
     cluster_wide = create(_slice("vap-all", None), as_plugin)
     assert cluster_wide.returncode != 0 and "without spec.nodeName" in cluster_wide.stderr
