@@ -1,4 +1,6 @@
-"""Build the testbed's real peers (etcd and the Kubernetes control plane) from Go modules.
+"""Build the testbed's real peers from Go modules: etcd and the Kubernetes control plane, and for the
+chart and end-to-end tests helm, an OpenTelemetry Collector distribution (with the Collector Builder)
+and Jaeger.
 
 The machines this project runs on reach the Go module proxy but no binary download site, so every
 peer is compiled from source with the local ``go`` tool. ``go install pkg@version`` refuses

@@ -24,7 +24,7 @@ def add_subcommands(subparsers: Any) -> None:
 
     p_build = commands.add_parser(
         "build",
-        help="build the etcd and Kubernetes binaries from Go modules (slow the first time)",
+        help="build etcd, Kubernetes and the other peers from Go modules (slow the first time)",
         description="Builds into version-keyed directories under the cache (default $OTEL_DRA_CACHE, "
         "else ~/.cache/otel-dra) and skips binaries that already exist. Needs the go tool.",
     )
