@@ -15,9 +15,10 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	$(BIN)/pip check
 	touch $@
 
-# etcd + kube-apiserver/scheduler/controller-manager/kubectl from Go modules (skipped when cached).
+# etcd, kube-apiserver/scheduler/controller-manager/kubectl, helm, the OpenTelemetry Collector (ocb)
+# and Jaeger, all from Go modules into ~/.cache/otel-dra (each skipped when already built).
 peers: install
-	$(BIN)/otel-dra testbed build --helm
+	$(BIN)/otel-dra testbed build --helm --otelcol --jaeger
 
 # Python gRPC stubs under otel_dra/_generated from proto/ (committed; tests/unit/test_protos.py
 # fails when they drift from the .proto files).

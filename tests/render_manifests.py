@@ -17,6 +17,9 @@ HEADER = "# Rendered from deploy/helm/otel-dra by `make manifests`; edit the cha
 PROFILES = {
     "otel-dra.yaml": [],
     "otel-dra-sharded.yaml": ["--set", "sharding.enabled=true", "--set", "sharding.shards=3"],
+    # The exporter plus the kubelet plugin DaemonSet (with its RBAC, admission policy, DeviceClass and
+    # metrics Service) and the Grafana dashboard ConfigMap.
+    "otel-dra-with-plugin.yaml": ["--set", "plugin.enabled=true", "--set", "dashboards.enabled=true"],
 }
 
 

@@ -1,4 +1,6 @@
-"""Build the testbed's real peers (etcd and the Kubernetes control plane) from Go modules.
+"""Build the testbed's real peers from Go modules: etcd and the Kubernetes control plane, and for the
+chart and end-to-end tests helm, an OpenTelemetry Collector distribution (with the Collector Builder)
+and Jaeger.
 
 The machines this project runs on reach the Go module proxy but no binary download site, so every
 peer is compiled from source with the local ``go`` tool. ``go install pkg@version`` refuses
@@ -537,3 +539,256 @@ def prometheus_operator_crds(cache_root: Path | None = None) -> list[Path]:
     if missing:
         raise BuildError(f"prometheus-operator {PROMETHEUS_OPERATOR_VERSION} lacks {', '.join(missing)}")
     return paths
+
+
+# --- OpenTelemetry Collector (built with the Collector Builder) and Jaeger (e2e tests) ----------
+
+# The Collector Builder (ocb) release and the component releases it assembles. Every component must
+# come from one Collector release: core v0.165.0 pairs with the stable core modules v1.71.0 and with
+# contrib v0.165.1. contrib's k8sattributesprocessor is versioned 1.x since it went stable (see
+# OTELCOL_REPLACES for why it is one release behind).
+OCB_VERSION = "v0.165.0"
+OTELCOL_CORE_VERSION = "v0.165.0"
+OTELCOL_STABLE_VERSION = "v1.71.0"
+OTELCOL_CONTRIB_VERSION = "v0.165.1"
+K8SATTRIBUTES_VERSION = "v1.3.1"
+OTELCOL_NAME = "otelcol-dra"
+
+_CORE = "go.opentelemetry.io/collector"
+_CONTRIB = "github.com/open-telemetry/opentelemetry-collector-contrib"
+
+# One distribution for the gateway and the agent configs (collector-config/): a second binary would
+# double the build time for a handful of packages. Not included, and why:
+# - fileexporter: not served at the v0.165 release (only up to v0.161.0).
+# - resourcedetectionprocessor: v0.165.x declares `go 1.26.9`, newer than the Go toolchain the
+#   project builds with (1.26.8, GOTOOLCHAIN=local); k8sattributes + resource cover the agent's needs.
+OTELCOL_COMPONENTS: Mapping[str, tuple[str, ...]] = {
+    "receivers": (f"{_CORE}/receiver/otlpreceiver {OTELCOL_CORE_VERSION}",),
+    "processors": (
+        f"{_CORE}/processor/batchprocessor {OTELCOL_CORE_VERSION}",
+        f"{_CORE}/processor/memorylimiterprocessor {OTELCOL_CORE_VERSION}",
+        f"{_CONTRIB}/processor/k8sattributesprocessor {K8SATTRIBUTES_VERSION}",
+        f"{_CONTRIB}/processor/resourceprocessor {OTELCOL_CONTRIB_VERSION}",
+    ),
+    "exporters": (
+        f"{_CORE}/exporter/otlpexporter {OTELCOL_CORE_VERSION}",
+        f"{_CORE}/exporter/otlphttpexporter {OTELCOL_CORE_VERSION}",
+        f"{_CORE}/exporter/debugexporter {OTELCOL_CORE_VERSION}",
+        f"{_CONTRIB}/exporter/prometheusexporter {OTELCOL_CONTRIB_VERSION}",
+    ),
+    "extensions": (f"{_CONTRIB}/extension/healthcheckextension {OTELCOL_CONTRIB_VERSION}",),
+    # Config sources: ${env:...} and ${file:...} in configs, --config=<file>, yaml: for overrides.
+    "providers": tuple(
+        f"{_CORE}/confmap/provider/{name}provider {OTELCOL_STABLE_VERSION}" for name in ("env", "file", "yaml")
+    ),
+}
+
+# k8sattributesprocessor cannot be had at the v0.165 release itself: v1.4.0/v1.4.1 (built from contrib
+# v0.165.x) require go.opentelemetry.io/otel at an unreleased commit (semconv/v1.44.0) that the module
+# proxy does not serve. v1.3.1 (contrib v0.164.1) builds against the released otel v1.47.0 and the
+# stable v1.71.0 core APIs, but its internal/kubelet v0.164.1 is not served either: the v0.165.1 one
+# replaces it. Its tests' semconvtest module is not served at any version, hence `go mod tidy -e`.
+OTELCOL_REPLACES = (f"{_CONTRIB}/internal/kubelet => {_CONTRIB}/internal/kubelet {OTELCOL_CONTRIB_VERSION}",)
+
+# Jaeger v2 (a Collector distribution itself): tag v1.76.0 carries the v2.13.0 code. Its go.mod
+# replaces sarama; replace lines of a dependency do not apply, so the wrapper repeats it.
+JAEGER_VERSION = "v1.76.0"
+JAEGER_REPLACES = ("github.com/Shopify/sarama => github.com/Shopify/sarama v1.33.0",)
+
+
+def otelcol_manifest(output_path: Path) -> str:
+    """The Collector Builder manifest of the project's distribution (YAML text)."""
+    lines = [
+        "dist:",
+        f"  name: {OTELCOL_NAME}",
+        "  module: otel-dra-peers/otelcol",
+        "  description: OpenTelemetry Collector for otel-dra (tests and collector-config/ validation)",
+        f"  version: {OTELCOL_CORE_VERSION.removeprefix('v')}-otel-dra",
+        f"  output_path: {output_path}",
+    ]
+    for kind, modules in OTELCOL_COMPONENTS.items():
+        lines.append(f"{kind}:")
+        lines.extend(f"  - gomod: {module}" for module in modules)
+    lines.append("replaces:")
+    lines.extend(f"  - {replace}" for replace in OTELCOL_REPLACES)
+    return "\n".join(lines) + "\n"
+
+
+def _otelcol_key() -> str:
+    """Cache key: the core version plus a digest of the component list, so that adding a component
+    builds a new binary beside the old one instead of reusing a binary that lacks it."""
+    import hashlib
+
+    digest = hashlib.sha256(otelcol_manifest(Path("-")).encode()).hexdigest()[:10]
+    return f"{OTELCOL_NAME}-{OTELCOL_CORE_VERSION}-{digest}"
+
+
+def _otelcol_bin_dir(root: Path) -> Path:
+    return root / "bin" / _otelcol_key()
+
+
+def _ocb_bin_dir(root: Path) -> Path:
+    return root / "bin" / f"ocb-{OCB_VERSION}"
+
+
+def _jaeger_bin_dir(root: Path) -> Path:
+    return root / "bin" / f"jaeger-{JAEGER_VERSION}"
+
+
+def ocb_wrapper_files() -> dict[str, str]:
+    go_mod = f"module otel-dra-peers/ocb\n\ngo 1.24.0\n\nrequire {_CORE}/cmd/builder {OCB_VERSION}\n"
+    tools_go = f'//go:build tools\npackage tools\nimport _ "{_CORE}/cmd/builder"\n'
+    return {"go.mod": go_mod, "tools.go": tools_go}
+
+
+def jaeger_wrapper_files() -> dict[str, str]:
+    replaces = "".join(f"replace {line}\n" for line in JAEGER_REPLACES)
+    go_mod = (
+        f"module otel-dra-peers/jaeger\n\ngo 1.24.0\n\nrequire github.com/jaegertracing/jaeger {JAEGER_VERSION}\n\n"
+        + replaces
+    )
+    tools_go = '//go:build tools\npackage tools\nimport _ "github.com/jaegertracing/jaeger/cmd/jaeger"\n'
+    return {"go.mod": go_mod, "tools.go": tools_go}
+
+
+def find_otelcol(cache_root: Path | None = None) -> Path:
+    path = _otelcol_bin_dir(_resolve_root(cache_root)) / OTELCOL_NAME
+    if not _is_executable(path):
+        raise BinariesMissingError(
+            f"the OpenTelemetry Collector is not built yet ({path}); run `otel-dra testbed build --otelcol`"
+        )
+    return path
+
+
+def find_jaeger(cache_root: Path | None = None) -> Path:
+    path = _jaeger_bin_dir(_resolve_root(cache_root)) / "jaeger"
+    if not _is_executable(path):
+        raise BinariesMissingError(f"Jaeger is not built yet ({path}); run `otel-dra testbed build --jaeger`")
+    return path
+
+
+def _require_go(what: str) -> None:
+    if shutil.which("go") is None:
+        raise BuildError(f"the `go` tool is not on PATH: install Go (1.26 or newer) to build {what}")
+
+
+def build_ocb(
+    cache_root: Path | None = None,
+    progress: Callable[[str], None] = _print_progress,
+    *,
+    verbose: bool = False,
+) -> Path:
+    """Build the OpenTelemetry Collector Builder unless it already exists."""
+    root = _resolve_root(cache_root)
+    target = _ocb_bin_dir(root) / "ocb"
+    if _is_executable(target):
+        return target
+    _require_go("the OpenTelemetry Collector Builder")
+    env = go_environment(root)
+
+    def run_build(out_dir: Path) -> None:
+        src = _ensure_wrapper(
+            root, f"ocb-{OCB_VERSION}", ocb_wrapper_files(), env=env, progress=progress, verbose=verbose
+        )
+        _run_step(
+            f"ocb-{OCB_VERSION}: go build builder",
+            ["go", "build", "-ldflags", "-s -w", "-o", str(out_dir / "ocb"), f"{_CORE}/cmd/builder"],
+            cwd=src,
+            env={**env, "CGO_ENABLED": "0"},
+            log=root / "logs" / f"ocb-{OCB_VERSION}-build.log",
+            progress=progress,
+            verbose=verbose,
+        )
+
+    _build_into(_ocb_bin_dir(root), ("ocb",), run_build)
+    return target
+
+
+def build_otelcol(
+    cache_root: Path | None = None,
+    progress: Callable[[str], None] = _print_progress,
+    *,
+    verbose: bool = False,
+) -> Path:
+    """Build the project's Collector distribution with ocb unless it already exists.
+
+    ocb generates the distribution's Go sources under ``<cache>/src/<key>``, runs ``go mod tidy`` and
+    ``go build`` there (with our GOMODCACHE/GOCACHE/GOTOOLCHAIN, which it passes through), and the
+    binary is moved into ``<cache>/bin/<key>/`` only once it exists.
+    """
+    root = _resolve_root(cache_root)
+    key = _otelcol_key()
+    target = _otelcol_bin_dir(root) / OTELCOL_NAME
+    if _is_executable(target):
+        return target
+    _require_go("the OpenTelemetry Collector")
+    ocb = build_ocb(root, progress, verbose=verbose)
+    env = go_environment(root)
+
+    def run_build(out_dir: Path) -> None:
+        src = root / "src" / key
+        # ocb regenerates every file; a fresh directory keeps an interrupted run from mixing in.
+        shutil.rmtree(src, ignore_errors=True)
+        src.mkdir(parents=True)
+        manifest = src / "manifest.yaml"
+        manifest.write_text(otelcol_manifest(src))
+        _run_step(
+            f"{key}: ocb (go mod tidy + go build)",
+            [str(ocb), f"--config={manifest}", *(["--verbose"] if verbose else [])],
+            cwd=src,
+            # ocb runs `go mod tidy` without -e, which fails on test-only modules the proxy does not
+            # serve (see OTELCOL_REPLACES); GOFLAGS reaches only the go commands that know a flag, so
+            # -e applies to tidy and not to build.
+            env={**env, "GOFLAGS": env["GOFLAGS"] + " -e"},
+            log=root / "logs" / f"{key}-build.log",
+            progress=progress,
+            verbose=verbose,
+        )
+        built = src / OTELCOL_NAME
+        if not _is_executable(built):
+            raise BuildError(f"ocb finished but {built} does not exist (see {root / 'logs' / f'{key}-build.log'})")
+        shutil.move(str(built), out_dir / OTELCOL_NAME)
+
+    _build_into(_otelcol_bin_dir(root), (OTELCOL_NAME,), run_build)
+    return target
+
+
+def build_jaeger(
+    cache_root: Path | None = None,
+    progress: Callable[[str], None] = _print_progress,
+    *,
+    verbose: bool = False,
+) -> Path:
+    """Build Jaeger v2 (``cmd/jaeger``, memory storage and the query API) unless it already exists."""
+    root = _resolve_root(cache_root)
+    target = _jaeger_bin_dir(root) / "jaeger"
+    if _is_executable(target):
+        return target
+    _require_go("Jaeger")
+    env = go_environment(root)
+
+    def run_build(out_dir: Path) -> None:
+        src = _ensure_wrapper(
+            root, f"jaeger-{JAEGER_VERSION}", jaeger_wrapper_files(), env=env, progress=progress, verbose=verbose
+        )
+        _run_step(
+            f"jaeger-{JAEGER_VERSION}: go build cmd/jaeger",
+            [
+                "go",
+                "build",
+                "-trimpath",
+                "-ldflags",
+                "-s -w",
+                "-o",
+                str(out_dir / "jaeger"),
+                "github.com/jaegertracing/jaeger/cmd/jaeger",
+            ],
+            cwd=src,
+            env={**env, "CGO_ENABLED": "0"},
+            log=root / "logs" / f"jaeger-{JAEGER_VERSION}-build.log",
+            progress=progress,
+            verbose=verbose,
+        )
+
+    _build_into(_jaeger_bin_dir(root), ("jaeger",), run_build)
+    return target

@@ -24,13 +24,20 @@ def add_subcommands(subparsers: Any) -> None:
 
     p_build = commands.add_parser(
         "build",
-        help="build the etcd and Kubernetes binaries from Go modules (slow the first time)",
+        help="build etcd, Kubernetes and the other peers from Go modules (slow the first time)",
         description="Builds into version-keyed directories under the cache (default $OTEL_DRA_CACHE, "
         "else ~/.cache/otel-dra) and skips binaries that already exist. Needs the go tool.",
     )
     p_build.add_argument("--cache", type=Path, default=None, help="cache directory (default: %(default)s)")
     p_build.add_argument("-v", "--verbose", action="store_true", help="show go's output as it happens")
     p_build.add_argument("--helm", action="store_true", help="also build helm (for the chart tests)")
+    p_build.add_argument(
+        "--otelcol",
+        action="store_true",
+        help="also build the OpenTelemetry Collector distribution with the Collector Builder (e2e tests)",
+    )
+    p_build.add_argument("--jaeger", action="store_true", help="also build Jaeger v2 (trace e2e tests)")
+    p_build.add_argument("--all", action="store_true", help="build every peer (--helm --otelcol --jaeger)")
     p_build.set_defaults(func=cmd_build)
 
     p_up = commands.add_parser(
@@ -68,17 +75,23 @@ def _error(message: str) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from otel_dra.testbed.build import build_helm
+    from otel_dra.testbed.build import build_helm, build_jaeger, build_otelcol
 
+    extras: list[Path] = []
+    started = time.monotonic()
     try:
         binaries = build(args.cache, verbose=args.verbose)
-        helm = build_helm(args.cache, verbose=args.verbose) if args.helm else None
+        if args.helm or args.all:
+            extras.append(build_helm(args.cache, verbose=args.verbose))
+        if args.otelcol or args.all:
+            extras.append(build_otelcol(args.cache, verbose=args.verbose))
+        if args.jaeger or args.all:
+            extras.append(build_jaeger(args.cache, verbose=args.verbose))
     except BuildError as exc:
         return _error(str(exc))
-    for path in binaries.all():
+    for path in (*binaries.all(), *extras):
         print(path)
-    if helm is not None:
-        print(helm)
+    print(f"peers ready in {time.monotonic() - started:.0f}s", file=sys.stderr)
     return 0
 
 

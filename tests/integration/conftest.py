@@ -1,12 +1,23 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from otel_dra.cli import ExporterApp, start_exporter
 from otel_dra.kube.client import KubeClient, load_credentials
+from otel_dra.testbed.build import BinariesMissingError, build_helm, find_helm
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    """The real helm CLI, built from Go modules (`otel-dra testbed build --helm`)."""
+    try:
+        return find_helm()
+    except BinariesMissingError:
+        return build_helm()
 
 
 @pytest.fixture

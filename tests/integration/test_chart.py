@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -9,20 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from otel_dra.testbed.build import BinariesMissingError, build_helm, find_helm, prometheus_operator_crds
+from otel_dra.testbed.build import prometheus_operator_crds
 from tests.helpers import wait_until
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "otel-dra"
 KUBE_VERSION = "1.34.0"
 PROD_VALUES = CHART / "prod-values.yaml"
-
-
-@pytest.fixture(scope="session")
-def helm() -> Path:
-    try:
-        return find_helm()
-    except BinariesMissingError:
-        return build_helm()
 
 
 def _helm(helm: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -270,6 +263,11 @@ def test_prod_values_profile(helm):
     [deploy] = kinds["Deployment"]
     assert deploy["spec"]["replicas"] == 2
     assert kinds["PodDisruptionBudget"][0]["spec"]["minAvailable"] == 1
+    [plugin] = kinds["DaemonSet"]
+    assert plugin["spec"]["template"]["spec"]["priorityClassName"] == "system-node-critical"
+    assert len(kinds["ServiceMonitor"]) == 2  # the exporter's and the plugins'
+    [dashboards] = kinds["ConfigMap"]
+    assert dashboards["metadata"]["labels"]["grafana_dashboard"] == "1"
 
 
 def test_alert_rules_pass_promtool(helm, tmp_path):
@@ -292,3 +290,243 @@ def test_plain_manifests_match_the_chart(helm):
         assert (OUT / name).read_text() == render_profile(helm, extra), (
             f"deploy/manifests/{name} is stale: make manifests"
         )
+
+
+# --- the kubelet plugin (plugin.enabled) -------------------------------------------------------------
+
+PLUGIN_SETS = ("plugin.enabled=true",)
+
+
+def test_plugin_daemonset_is_as_restricted_as_it_can_be(helm):
+    kinds = _by_kind(render(helm, *PLUGIN_SETS, "otlp.endpoint=http://collector:4318"))
+    [ds] = kinds["DaemonSet"]
+    assert ds["metadata"]["name"] == "rel-otel-dra-kubeletplugin"
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "rel-otel-dra-kubeletplugin"
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    [container] = pod["containers"]
+    assert container["args"] == [
+        "plugin",
+        "--node-name=$(NODE_NAME)",
+        "--driver-name=gpu.example.com",
+        "--num-devices=8",
+        "--cdi-root=/var/run/cdi",
+        "--kubelet-plugins-directory-path=/var/lib/kubelet/plugins",
+        "--kubelet-registrar-directory-path=/var/lib/kubelet/plugins_registry",
+        "--metrics-port=8080",
+        "--healthcheck-port=51515",
+    ]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"] == "http://collector:4318"
+    assert "k8s.pod.uid=$(POD_UID)" in env["OTEL_RESOURCE_ATTRIBUTES"]["value"]
+    sc = container["securityContext"]
+    assert sc == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+    assert not sc.get("privileged")
+    assert {"name": "metrics", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
+    assert container["livenessProbe"]["grpc"] == {"port": 51515, "service": "liveness"}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert host_paths == {
+        "plugins": "/var/lib/kubelet/plugins",
+        "plugins-registry": "/var/lib/kubelet/plugins_registry",
+        "cdi": "/var/run/cdi",
+    }
+    assert all(mounts[name] == path for name, path in host_paths.items())
+    assert container["resources"]["limits"]["memory"]
+
+    svc = next(s for s in kinds["Service"] if s["metadata"]["name"] == "rel-kubeletplugin-metrics")
+    assert svc["spec"]["ports"] == [{"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}]
+    assert svc["spec"]["selector"]["app.kubernetes.io/component"] == "kubeletplugin"
+    # The exporter's Service does not select plugin pods, nor the other way round.
+    exporter_svc = next(s for s in kinds["Service"] if s["metadata"]["name"] == "rel-otel-dra")
+    assert exporter_svc["spec"]["selector"]["app.kubernetes.io/component"] == "exporter"
+
+    [dc] = kinds["DeviceClass"]
+    assert dc["metadata"]["name"] == "gpu.example.com"
+    assert dc["spec"]["selectors"] == [{"cel": {"expression": "device.driver == 'gpu.example.com'"}}]
+
+    [role] = [r for r in kinds["ClusterRole"] if r["metadata"]["name"] == "rel-otel-dra-kubeletplugin"]
+    assert role["rules"] == [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceslices"],
+            "verbs": ["create", "get", "list", "watch", "update", "patch", "delete"],
+        },
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+    ]
+    [policy] = kinds["ValidatingAdmissionPolicy"]
+    assert (
+        "system:serviceaccount:monitoring:rel-otel-dra-kubeletplugin"
+        in policy["spec"]["matchConditions"][0]["expression"]
+    )
+
+
+def test_plugin_driver_name_flows_everywhere(helm):
+    kinds = _by_kind(render(helm, *PLUGIN_SETS, "plugin.driverName=npu.acme.io", "plugin.numDevices=2"))
+    [ds] = kinds["DaemonSet"]
+    args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--driver-name=npu.acme.io" in args and "--num-devices=2" in args
+    [dc] = kinds["DeviceClass"]
+    assert dc["metadata"]["name"] == "npu.acme.io"
+    assert dc["spec"]["selectors"][0]["cel"]["expression"] == "device.driver == 'npu.acme.io'"
+    [policy] = kinds["ValidatingAdmissionPolicy"]
+    assert any("'npu.acme.io'" in v["expression"] for v in policy["spec"]["validations"])
+
+
+def test_plugin_monitors_follow_the_exporter_monitor_kind(helm):
+    for monitor, endpoints in (("serviceMonitor", "endpoints"), ("podMonitor", "podMetricsEndpoints")):
+        kinds = _by_kind(render(helm, *PLUGIN_SETS, f"{monitor}.enabled=true"))
+        kind = monitor[0].upper() + monitor[1:]
+        plugin = [m for m in kinds[kind] if m["metadata"]["name"] == "rel-otel-dra-kubeletplugin"]
+        assert len(plugin) == 1 and len(kinds[kind]) == 2
+        assert plugin[0]["spec"][endpoints][0]["port"] == "metrics"
+        assert plugin[0]["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "kubeletplugin"
+
+
+def test_dashboard_configmap_is_labelled_for_the_grafana_sidecar(helm):
+    [cm] = _by_kind(render(helm, "dashboards.enabled=true"))["ConfigMap"]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(cm["data"]["otel-dra.json"])
+    assert dashboard["uid"] == "otel-dra-overview"
+    assert (CHART / "files" / "dashboards" / "otel-dra.json").read_text().strip() == cm["data"]["otel-dra.json"]
+    [cm] = _by_kind(render(helm, "dashboards.enabled=true", "dashboards.namespace=grafana"))["ConfigMap"]
+    assert cm["metadata"]["namespace"] == "grafana"
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["plugin.enabled=true", "plugin.driverName=GPU_Example"], "driverName"),
+        (["plugin.enabled=true", "plugin.metricsPort=51515"], "must differ"),
+        (["plugin.enabled=true", "plugin.cdiRoot=var/run/cdi"], "cdiRoot"),
+        (["plugin.enabled=true", "plugin.hostNetwork=true"], "additional properties"),
+        (["plugin.metricsPort=0"], "metricsPort"),
+        (["dashboards.enabled=yes"], "dashboards"),
+    ],
+)
+def test_plugin_and_dashboard_rejections(helm, sets, message):
+    _assert_rejected(helm, sets, message)
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        ["plugin.enabled=true", "dashboards.enabled=true", "otlp.endpoint=http://collector:4318"],
+        ["plugin.enabled=true", "podMonitor.enabled=true", "plugin.deviceClass.create=false"],
+    ],
+)
+def test_server_side_dry_run_with_plugin(helm, testbed, operator_crds, sets):
+    testbed.kubectl("create", "namespace", "monitoring", check=False)
+    _apply(testbed, render(helm, *sets), "--dry-run=server")
+
+
+PLUGIN_TEST_DRIVER = "chart-test.example.com"
+
+
+@pytest.fixture(scope="module")
+def plugin_release(helm, testbed):
+    """The chart with the plugin, applied for real into namespace dra-plugin (nothing runs the pods:
+    the testbed has no kubelet; RBAC and the admission policy are what is tested)."""
+    testbed.kubectl("create", "namespace", "dra-plugin", check=False)
+    # A driver name of its own: the DeviceClass it creates must not replace the sample objects'
+    # gpu.example.com class that other tests load into the same API server.
+    docs = render(
+        helm, "plugin.enabled=true", f"plugin.driverName={PLUGIN_TEST_DRIVER}", release="plug", namespace="dra-plugin"
+    )
+    _apply(testbed, docs)
+    return "system:serviceaccount:dra-plugin:plug-otel-dra-kubeletplugin"
+
+
+def test_plugin_serviceaccount_can_exactly_what_the_plugin_needs(testbed, plugin_release):
+    sa = plugin_release
+
+    def can(verb: str, resource: str, *extra: str) -> bool:
+        result = testbed.kubectl("auth", "can-i", verb, resource, "--as", sa, *extra, check=False)
+        return result.stdout.strip() == "yes"
+
+    for verb in ("create", "get", "list", "watch", "update", "patch", "delete"):
+        assert can(verb, "resourceslices.resource.k8s.io"), verb
+    assert not can("deletecollection", "resourceslices.resource.k8s.io")
+    assert can("get", "resourceclaims.resource.k8s.io", "-n", "team-a")
+    for verb in ("list", "watch", "update", "patch", "delete", "create"):
+        assert not can(verb, "resourceclaims.resource.k8s.io", "-n", "team-a"), verb
+    assert not can("update", "resourceclaims.resource.k8s.io/status", "-n", "team-a")
+    assert can("get", "nodes")
+    assert not can("list", "nodes") and not can("update", "nodes") and not can("patch", "nodes/status")
+    for verb, resource in (
+        ("list", "deviceclasses.resource.k8s.io"),
+        ("create", "deviceclasses.resource.k8s.io"),
+        ("get", "secrets"),
+        ("list", "pods"),
+        ("create", "pods"),
+        ("get", "configmaps"),
+        ("create", "resourceclaimtemplates.resource.k8s.io"),
+    ):
+        assert not can(verb, resource, "--all-namespaces"), (verb, resource)
+    # The exporter's ServiceAccount gained nothing from the plugin.
+    exporter = "system:serviceaccount:dra-plugin:plug-otel-dra"
+    result = testbed.kubectl("auth", "can-i", "create", "resourceslices.resource.k8s.io", "--as", exporter, check=False)
+    assert result.stdout.strip() == "no"
+
+
+def _slice(name: str, node: str | None, driver: str = PLUGIN_TEST_DRIVER) -> dict:
+    spec: dict = {"driver": driver, "pool": {"name": node or "shared", "generation": 1, "resourceSliceCount": 1}}
+    if node:
+        spec["nodeName"] = node
+    else:
+        spec["allNodes"] = True
+    spec["devices"] = [{"name": "gpu-0"}]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name}, "spec": spec}
+
+
+def test_admission_policy_keeps_the_plugin_to_its_own_node_and_driver(testbed, plugin_release, tmp_path):
+    """RBAC allows every ResourceSlice; the chart's ValidatingAdmissionPolicy narrows the plugin's
+    ServiceAccount to slices of its driver on the node of the pod its token is bound to."""
+    ns, sa = "dra-plugin", "plug-otel-dra-kubeletplugin"
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "vap-node-a"}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "plugin-on-a", "namespace": ns},
+        "spec": {
+            "nodeName": "vap-node-a",
+            "serviceAccountName": sa,
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "plugin", "image": "example.invalid/plugin:0"}],
+        },
+    }
+    testbed.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([node, pod]))
+    bound = testbed.kubectl(
+        "create", "token", sa, "-n", ns, "--bound-object-kind=Pod", "--bound-object-name=plugin-on-a"
+    ).stdout.strip()
+    as_plugin = testbed.write_kubeconfig(tmp_path / "plugin.kubeconfig", bound)
+    unbound = testbed.write_kubeconfig(tmp_path / "unbound.kubeconfig", testbed.mint_token(ns, sa))
+
+    def create(obj: dict, kubeconfig: Path):
+        return testbed.kubectl("create", "-f", "-", input=yaml.safe_dump(obj), kubeconfig=kubeconfig, check=False)
+
+    # The policy is enforced once the API server has loaded it (shortly after it was created).
+    denied = wait_until(
+        lambda: (lambda r: r if r.returncode != 0 else None)(create(_slice("vap-b", "vap-node-b"), as_plugin)),
+        timeout=30,
+        what="the admission policy to deny a slice of another node",
+    )
+    assert "may not change ResourceSlices of node 'vap-node-b'" in denied.stderr
+    ok = create(_slice("vap-a", "vap-node-a"), as_plugin)
+    assert ok.returncode == 0, ok.stderr
+    other_driver = create(_slice("vap-a-other", "vap-node-a", driver="other.example.com"), as_plugin)
+    assert (
+        other_driver.returncode != 0
+        and f"only change ResourceSlices of driver {PLUGIN_TEST_DRIVER}" in other_driver.stderr
+    )
+    cluster_wide = create(_slice("vap-all", None), as_plugin)
+    assert cluster_wide.returncode != 0 and "without spec.nodeName" in cluster_wide.stderr
+    no_node = create(_slice("vap-a2", "vap-node-a"), unbound)
+    assert no_node.returncode != 0 and "token bound to a pod on a node" in no_node.stderr
+    # Deleting is covered too: its own slice yes; the admin's slice on another node no.
+    testbed.kubectl("create", "-f", "-", input=yaml.safe_dump(_slice("vap-admin-b", "vap-node-b")))
+    assert testbed.kubectl("delete", "resourceslice", "vap-admin-b", kubeconfig=as_plugin, check=False).returncode != 0
+    assert testbed.kubectl("delete", "resourceslice", "vap-a", kubeconfig=as_plugin, check=False).returncode == 0
+    testbed.kubectl("delete", "resourceslice", "vap-admin-b")

@@ -97,21 +97,8 @@ spec:
           valueFrom:
             fieldRef:
               fieldPath: metadata.name
-        {{- if .Values.otlp.endpoint }}
-        - name: OTEL_EXPORTER_OTLP_ENDPOINT
-          value: {{ .Values.otlp.endpoint | quote }}
-        - name: OTEL_EXPORTER_OTLP_PROTOCOL
-          value: {{ .Values.otlp.protocol | quote }}
-        - name: OTEL_METRIC_EXPORT_INTERVAL
-          value: {{ .Values.otlp.exportInterval | quote }}
-        {{- if .Values.otlp.insecure }}
-        - name: OTEL_EXPORTER_OTLP_INSECURE
-          value: "true"
-        {{- end }}
-        {{- with .Values.otlp.headers }}
-        - name: OTEL_EXPORTER_OTLP_HEADERS
-          value: {{ . | quote }}
-        {{- end }}
+        {{- with include "otel-dra.otlpEnv" . | trim }}
+        {{- . | nindent 8 }}
         {{- end }}
         - name: OTEL_SERVICE_NAME
           value: {{ default (include "otel-dra.fullname" .) .Values.otlp.serviceName | quote }}
@@ -151,4 +138,61 @@ spec:
   affinity:
     {{- toYaml . | nindent 4 }}
   {{- end }}
+{{- end }}
+
+{{/* --- the DRA kubelet plugin (plugin.enabled) ------------------------------------------------ */}}
+
+{{- define "otel-dra.plugin.fullname" -}}
+{{- printf "%s-kubeletplugin" (include "otel-dra.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "otel-dra.plugin.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "otel-dra.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: kubeletplugin
+{{- end }}
+
+{{- define "otel-dra.plugin.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "otel-dra.plugin.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "otel-dra.plugin.serviceAccountName" -}}
+{{- if .Values.plugin.serviceAccount.create }}
+{{- default (include "otel-dra.plugin.fullname" .) .Values.plugin.serviceAccount.name }}
+{{- else }}
+{{- required "plugin.serviceAccount.name is required when plugin.serviceAccount.create=false" .Values.plugin.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The metrics Service keeps the dra-example-driver's name, `<release>-kubeletplugin-metrics`, so
+     existing scrape configs and dashboards find it. */}}
+{{- define "otel-dra.plugin.metricsServiceName" -}}
+{{- printf "%s-kubeletplugin-metrics" (.Release.Name | trunc 41 | trimSuffix "-") }}
+{{- end }}
+
+{{- define "otel-dra.plugin.deviceClassName" -}}
+{{- default .Values.plugin.driverName .Values.plugin.deviceClass.name }}
+{{- end }}
+
+{{/* OTEL_EXPORTER_OTLP_* from otlp.* (exporter and plugin alike); nothing when otlp.endpoint is empty. */}}
+{{- define "otel-dra.otlpEnv" -}}
+{{- if .Values.otlp.endpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ .Values.otlp.endpoint | quote }}
+- name: OTEL_EXPORTER_OTLP_PROTOCOL
+  value: {{ .Values.otlp.protocol | quote }}
+- name: OTEL_METRIC_EXPORT_INTERVAL
+  value: {{ .Values.otlp.exportInterval | quote }}
+{{- if .Values.otlp.insecure }}
+- name: OTEL_EXPORTER_OTLP_INSECURE
+  value: "true"
+{{- end }}
+{{- with .Values.otlp.headers }}
+- name: OTEL_EXPORTER_OTLP_HEADERS
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
 {{- end }}
