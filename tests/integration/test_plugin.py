@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 import pynvml
 import pytest
+import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -41,6 +42,7 @@ from tests.integration.plugin_helpers import (
     ref,
     result,
 )
+from tests.integration.test_chart import CHART, KUBE_VERSION, _helm
 from tests.unit.fake_nvml import FakeGpu, FakeNvml
 
 NS = "plugin-test"
@@ -448,38 +450,58 @@ def test_fatal_background_error_is_counted_and_reported(start, node, admin_clien
     assert metric(app.metrics_port, "dra_example_driver_fatal_background_errors_total") == 1
 
 
-# The least privilege the plugin needs (what a chart's ClusterRole should grant, no more).
-PLUGIN_RBAC = """
-apiVersion: v1
-kind: Namespace
-metadata: {name: plugin-rbac}
----
-apiVersion: v1
-kind: ServiceAccount
-metadata: {name: dra-plugin, namespace: plugin-rbac}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: otel-dra-plugin-test}
-rules:
-- apiGroups: [resource.k8s.io]
-  resources: [resourceclaims]
-  verbs: [get]
-- apiGroups: [resource.k8s.io]
-  resources: [resourceslices]
-  verbs: [list, create, update, delete]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: otel-dra-plugin-test}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: otel-dra-plugin-test}
-subjects:
-- {kind: ServiceAccount, name: dra-plugin, namespace: plugin-rbac}
-"""
+def chart_plugin_rules(helm: Path) -> list[dict[str, Any]]:
+    """The rules of the Helm chart's plugin ClusterRole: the test below runs the plugin with exactly
+    what the chart grants, so chart and code cannot drift apart."""
+    rendered = _helm(
+        helm, "template", "rel", str(CHART), "--kube-version", KUBE_VERSION, "--set", "plugin.enabled=true"
+    ).stdout
+    (role,) = [
+        d
+        for d in yaml.safe_load_all(rendered)
+        if d and d["kind"] == "ClusterRole" and d["metadata"]["name"] == "rel-otel-dra-kubeletplugin"
+    ]
+    rules: list[dict[str, Any]] = role["rules"]
+    return rules
 
 
-def test_least_privilege_is_enough(testbed, dirs, kubelet, node, namespace, admin_client):
-    testbed.kubectl("apply", "-f", "-", input=PLUGIN_RBAC)
+def plugin_rbac(rules: list[dict[str, Any]]) -> str:
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole"}
+    return yaml.safe_dump_all(
+        [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "plugin-rbac"}},
+            {
+                "apiVersion": "v1",
+                "kind": "ServiceAccount",
+                "metadata": {"name": "dra-plugin", "namespace": "plugin-rbac"},
+            },
+            {**role, "metadata": {"name": "otel-dra-plugin-test"}, "rules": rules},
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": "otel-dra-plugin-test"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "otel-dra-plugin-test",
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": "dra-plugin", "namespace": "plugin-rbac"}],
+            },
+        ]
+    )
+
+
+def test_chart_role_is_enough(testbed, helm, dirs, kubelet, node, namespace, admin_client):
+    rules = chart_plugin_rules(helm)
+    # Least privilege: nothing but what the plugin's code paths use.
+    assert {(r["resources"][0], v) for r in rules for v in r["verbs"]} == {
+        ("resourceclaims", "get"),
+        ("resourceslices", "list"),
+        ("resourceslices", "create"),
+        ("resourceslices", "update"),
+        ("resourceslices", "delete"),
+    }
+    testbed.kubectl("apply", "-f", "-", input=plugin_rbac(rules))
     token = testbed.mint_token("plugin-rbac", "dra-plugin")
     kubeconfig = testbed.write_kubeconfig(testbed.dir / "dra-plugin.kubeconfig", token)
     app = start_plugin(
