@@ -1,0 +1,213 @@
+"""The whole stack as a user runs it: `otel-dra demo` (control plane, simulated GPU nodes running
+the instrumented plugin, the kubelet emulator, a cycling workload, the exporter), with its OTLP going
+to the real OpenTelemetry Collector (collector-config/gateway.yaml), traces on to a real Jaeger, and
+a real Prometheus scraping the exporter, both plugins and the Collector.
+
+Checked: Prometheus holds the seed metrics with the values the workload implies; every PromQL
+expression of the dashboard and the alert rules parses and returns data (except where "no series"
+is the healthy answer: the error-only selectors); the plugin metric names that reach Prometheus
+through the Collector are those scraped directly; Jaeger returns a prepare trace with the RPC span,
+its per-claim child and that child's steps."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import peers
+from tests.helpers import free_port, scrape, wait_until
+from tests.integration.test_dashboard_and_rules import dashboard_expressions, rule_expressions
+
+NODES, PODS = 2, 4
+GIB = 1024**3
+
+# Expressions whose healthy answer in the demo can be "no series": they select only failures (5xx,
+# errors, retries, fatal errors) or states the workload does not produce for long (claims left
+# unreserved: the garbage collector deletes a finished pod's claim within a second).
+MAY_BE_EMPTY = re.compile(
+    r'code=~"5\.\."|result="error"|fatal_background_errors|_retries_total|reserved_total\) == 0\)'
+)
+# The alert rules select the exporter by the job label the chart's monitor gives it (release "rel").
+EXPORTER_JOB = "rel-otel-dra"
+
+
+@pytest.fixture(scope="module")
+def demo(otelcol_gateway, testbed_binaries) -> Iterator[dict[str, Any]]:
+    port, plugin_port = free_port(), free_port()
+    while plugin_port + 1 == port:
+        plugin_port = free_port()
+    directory = Path(tempfile.mkdtemp(prefix="e2e-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update(
+        OTEL_EXPORTER_OTLP_ENDPOINT=f"http://{otelcol_gateway.endpoint(4318)}",
+        OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+        OTEL_METRIC_EXPORT_INTERVAL="1000",
+        OTEL_TRACES_SAMPLER="always_on",
+        OTEL_BSP_SCHEDULE_DELAY="500",
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "otel_dra", "demo", "--dir", str(directory), "--nodes", str(NODES),
+            "--pods", str(PODS), "--port", str(port), "--plugin-metrics-port", str(plugin_port),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: proc.poll() is not None or scrape(port)[0] == 200 if _listening(port) else None,
+                   180, what="the demo's exporter")  # fmt: skip
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        yield {"port": port, "plugin_ports": [plugin_port + i for i in range(NODES)], "dir": directory}
+    finally:
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=120)
+        shutil.rmtree(directory, ignore_errors=True)
+    assert proc.returncode == 0, output
+
+
+def _listening(port: int) -> bool:
+    from tests.helpers import listening
+
+    return listening(port)
+
+
+@pytest.fixture(scope="module")
+def prom(prometheus, otelcol_gateway, demo) -> peers.Prometheus:
+    prometheus.set_jobs(
+        {
+            EXPORTER_JOB: {
+                "static_configs": [{"targets": [f"127.0.0.1:{demo['port']}"], "labels": {"path": "direct"}}]
+            },
+            "dra-example-driver": {
+                "static_configs": [
+                    {"targets": [f"127.0.0.1:{p}" for p in demo["plugin_ports"]], "labels": {"path": "direct"}}
+                ]
+            },
+            "otel-collector": {
+                "honor_labels": True,
+                "static_configs": [{"targets": [otelcol_gateway.endpoint(8889)], "labels": {"path": "collector"}}],
+            },
+        }
+    )
+    for job in (EXPORTER_JOB, "dra-example-driver", "otel-collector"):
+        wait_until(lambda job=job: prometheus.targets_up(job), 60, what=f"{job} targets up")
+    return prometheus
+
+
+def _value(prom: peers.Prometheus, expr: str) -> float | None:
+    result = prom.query(expr)
+    return float(result[0]["value"][1]) if result else None
+
+
+def test_prometheus_holds_what_the_workload_implies(prom):
+    # Every simulated GPU of every node, with the example driver's 80Gi.
+    wait_until(
+        lambda: (
+            _value(
+                prom, 'count(kube_resourceslice_device_capacity_memory_bytes{path="direct",driver="gpu.example.com"})'
+            )
+            == NODES * 8
+        ),
+        60,
+        what="all devices in Prometheus",
+    )
+    assert _value(prom, 'max(kube_resourceslice_device_capacity_memory_bytes{path="direct"})') == 80 * GIB
+    assert _value(prom, 'kube_deviceclass_hourly_cost{path="direct",deviceclass_name="gpu.example.com"}') == 2.5
+    # PODS pods keep running, each reserving one claim: at some scrape exactly PODS reservations.
+    wait_until(
+        lambda: _value(prom, 'sum(kube_resourceclaim_status_reserved_total{path="direct",namespace="demo"})') == PODS,
+        90,
+        what=f"{PODS} reservations in Prometheus",
+    )
+    # Both plugins prepare claims, and the counters keep moving as pods cycle.
+    first = wait_until(
+        lambda: _value(prom, 'sum(dra_example_driver_prepare_claims_total{path="direct",result="success"})'),
+        60,
+        what="prepared claims",
+    )
+    wait_until(
+        lambda: (
+            (_value(prom, 'sum(dra_example_driver_prepare_claims_total{path="direct",result="success"})') or 0) > first
+        ),
+        90,
+        what="prepare counter moving",
+    )
+    assert _value(prom, 'sum(dra_example_driver_prepare_claims_total{path="direct",result="error"})') == 0
+    assert _value(prom, 'count(count by (instance) (dra_example_driver_prepare_claims_total{path="direct"}))') == NODES
+
+
+def test_every_dashboard_and_alert_expression_returns_data(prom, helm):
+    # Rates need two samples inside their window: wait until the prepare rate is there.
+    wait_until(lambda: prom.query("sum(rate(dra_example_driver_unprepare_claims_total[5m])) > 0"), 90, what="rates")
+    expressions = dashboard_expressions() + rule_expressions(helm)
+    # An alert fires on a comparison; what must return data is the quantity it compares.
+    pending = {
+        where: re.sub(r"\s*(>|<|>=|<=|==|!=)\s*[0-9.e+-]+\s*$", "", expr.strip())
+        for where, expr in expressions
+        if not MAY_BE_EMPTY.search(expr)
+    }
+    assert len(pending) >= 10
+
+    def all_answered() -> bool:
+        for where, quantity in list(pending.items()):
+            if prom.query(quantity):
+                del pending[where]
+        return not pending
+
+    try:
+        wait_until(all_answered, 60, interval=2, what="data for every expression")
+    except AssertionError:
+        raise AssertionError(f"expressions without data against the demo: {pending}") from None
+
+
+def test_plugin_metric_names_through_the_collector_equal_direct(prom):
+    def names(selector: str) -> set[str]:
+        return {n for n in prom.metric_names(selector) if n.startswith(("dra_example_driver_", "rest_client_"))}
+
+    def both() -> tuple[set[str], set[str]] | None:
+        direct, collector = names('{job="dra-example-driver"}'), names('{path="collector"}')
+        return (direct, collector) if direct and direct <= collector else None
+
+    direct, collector = wait_until(both, 60, what="plugin metrics through the Collector")
+    assert collector == direct
+
+
+def test_jaeger_has_a_prepare_trace_with_per_claim_children(prom, jaeger):
+    rpc_name = "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
+
+    def prepare_trace() -> Any:
+        for trace in jaeger.traces("otel-dra-plugin", operation=rpc_name):
+            spans = {s["spanID"]: s for s in trace["spans"]}
+
+            def parent(s: dict[str, Any]) -> str | None:
+                refs = [r["spanID"] for r in s.get("references", []) if r["refType"] == "CHILD_OF"]
+                return refs[0] if refs else None
+
+            rpc = [s for s in spans.values() if s["operationName"] == rpc_name]
+            claims = [
+                s
+                for s in spans.values()
+                if s["operationName"] == "prepare claim" and parent(s) in {r["spanID"] for r in rpc}
+            ]
+            steps = [s for s in spans.values() if claims and parent(s) == claims[0]["spanID"]]
+            if rpc and claims and len(steps) >= 3:
+                return trace, claims[0], steps
+        return None
+
+    _trace, claim, steps = wait_until(prepare_trace, 60, interval=1, what="a prepare trace in Jaeger")
+    tags = {t["key"]: t["value"] for t in claim["tags"]}
+    assert tags["k8s.namespace.name"] == "demo"
+    assert tags["dra.result"] == "success"
+    assert {s["operationName"] for s in steps} >= {"write CDI spec", "write checkpoint"}
