@@ -50,6 +50,13 @@ class DeviceTaintRule:
     driver: str
     pool: str
     device: str
+    has_selectors: bool = False  # CEL selectors, which the exporter does not evaluate
+
+    @property
+    def evaluable(self) -> bool:
+        """Whether the exporter can tell exactly which devices the rule taints: only a selector by
+        driver, pool and device (a DeviceClass or CEL selectors would need CEL)."""
+        return not self.deviceclass_name and not self.has_selectors
 
 
 def _text(d: dict[str, Any], key: str) -> str:
@@ -68,6 +75,7 @@ def parse(obj: dict[str, Any], report: Callable[[str], None]) -> DeviceTaintRule
         taint = {}
     selector = spec.get("deviceSelector")
     selector = selector if isinstance(selector, dict) else {}
+    selectors = selector.get("selectors")
     return DeviceTaintRule(
         name=str(meta.get("name", "")),
         key=_text(taint, "key"),
@@ -77,6 +85,7 @@ def parse(obj: dict[str, Any], report: Callable[[str], None]) -> DeviceTaintRule
         driver=_text(selector, "driver"),
         pool=_text(selector, "pool"),
         device=_text(selector, "device"),
+        has_selectors=isinstance(selectors, list) and bool(selectors),
     )
 
 

@@ -137,6 +137,7 @@ class ClusterState:
             devicetaintrule.parse,
             devicetaintrule.STATE_FAMILIES,
             keep=shard.first_only(),
+            listener=self.joins.rules_changed,
             **common,
         )
         stores: list[tuple[ResourceType, ObjectStore[Any]]] = [

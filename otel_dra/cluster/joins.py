@@ -9,7 +9,8 @@ change touches:
 - a claim change re-evaluates the slices holding the devices its allocation names (before and
   after), and their pools; re-prices the claim; moves it on or off the leak clock;
 - a slice change re-evaluates the slice and its pool;
-- a DeviceClass change re-prices the claims allocated through it.
+- a DeviceClass change re-prices the claims allocated through it;
+- a DeviceTaintRule change re-evaluates the slices of the driver (and pool) it selects.
 
 So the work per change is bounded by the objects it touches (a slice has at most 128 devices), not
 by the size of the cluster. Changes of one full relist are applied as one batch, and each touched
@@ -27,9 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_dra.cluster.deviceclass import DeviceClass
+from otel_dra.cluster.devicetaintrule import DeviceTaintRule
 from otel_dra.cluster.families import Family, Sample, family
 from otel_dra.cluster.resourceclaim import Claim
-from otel_dra.cluster.resourceslice import COUNTER_LABELS, DEVICE_LABELS, Amounts, Slice
+from otel_dra.cluster.resourceslice import BLOCKING_EFFECTS, COUNTER_LABELS, DEVICE_LABELS, Amounts, Slice
 from otel_dra.cluster.sharding import Shard
 from otel_dra.cluster.store import SEGMENT, Change, SeriesStore
 
@@ -267,9 +269,14 @@ def _claim_uses(claim: Claim | None) -> dict[DevKey, Use]:
     return {key: (count, tuple(sorted(consumed.get(key, {}).items()))) for key, count in counts.items()}
 
 
-def evaluate(s: Slice, uses: Callable[[DevKey], Iterable[Use]]) -> tuple[SliceUsage, dict[str, list[int]]]:
+def evaluate(
+    s: Slice,
+    uses: Callable[[DevKey], Iterable[Use]],
+    rules: Sequence[tuple[str, str]] = (),
+) -> tuple[SliceUsage, dict[str, list[int]]]:
     """The slice joined with the allocations naming its devices, and its contribution to its pool's
-    per-node counts: node -> [devices, allocated, free]."""
+    per-node counts: node -> [devices, allocated, free]. ``rules``: (pool, device) selectors of the
+    blocking DeviceTaintRules for the slice's driver ("" matches any)."""
     allocated: list[bool] = []
     capacity: list[Amounts | None] = []
     counter_use: dict[tuple[str, str], float] = {}
@@ -306,7 +313,7 @@ def evaluate(s: Slice, uses: Callable[[DevKey], Iterable[Use]]) -> tuple[SliceUs
             # Its partitions' shared counters must still have room for it (counters the slice does
             # not define are ignored, as the scheduler does).
             free = all(left.get((set_name, c), v) >= v for set_name, amounts in d.counters for c, v in amounts)
-        if free and d.blocked:
+        if free and (d.blocked or any(p in ("", s.pool) and dev in ("", d.name) for p, dev in rules)):
             free = False
         counts = contribution.setdefault(d.node_name, [0, 0, 0])
         counts[0] += 1
@@ -411,6 +418,7 @@ class Joins:
         self._contribution: dict[str, dict[str, list[int]]] = {}  # slice key -> node -> counts
         self._uses: dict[DevKey, dict[str, Use]] = {}  # device -> claim key -> use
         self._classes: dict[str, DeviceClass] = {}
+        self._rules: dict[str, DeviceTaintRule] = {}  # blocking, evaluable DeviceTaintRules
         # Owned, allocated claims, for re-pricing when a class changes.
         self._priced: dict[str, Claim] = {}
         self._claims_of_class: dict[str, set[str]] = {}
@@ -445,6 +453,26 @@ class Joins:
                 if before != after:
                     repriced |= self._claims_of_class.get(key, set())
             self.costs.update((k, self._price(self._priced[k])) for k in sorted(repriced) if k in self._priced)
+
+    def rules_changed(self, changes: list[Change[DeviceTaintRule]]) -> None:
+        with self._lock:
+            for key, old, new, _owned in changes:
+                if new is not None and new.evaluable and new.effect in BLOCKING_EFFECTS:
+                    self._rules[key] = new
+                else:
+                    self._rules.pop(key, None)
+                # Rules are few and change rarely; the slices they may select are re-evaluated.
+                for rule in (old, new):
+                    if rule is not None:
+                        self._dirty_slices.update(
+                            k
+                            for k, s in self._slices.items()
+                            if rule.driver in ("", s.driver) and rule.pool in ("", s.pool)
+                        )
+            self._flush()
+
+    def _rules_for(self, s: Slice) -> list[tuple[str, str]]:
+        return [(r.pool, r.device) for r in self._rules.values() if r.driver in ("", s.driver)]
 
     def tick(self) -> None:
         """Bring time-based series up to date (called before each scrape and push)."""
@@ -576,7 +604,7 @@ class Joins:
             s = self._slices.get(key)
             if s is None:
                 continue
-            usage, contribution = evaluate(s, self._uses_of)
+            usage, contribution = evaluate(s, self._uses_of, self._rules_for(s) if self._rules else ())
             if self._contribution.get(key) != contribution:
                 self._contribution[key] = contribution
                 self._dirty_pools.add((s.driver, s.pool))
