@@ -79,16 +79,19 @@ def class_obj(name: str, cost: str | None = None) -> dict[str, Any]:
 class World:
     """Object stores wired to a Joins, as ClusterState wires them."""
 
-    def __init__(self, shard: Shard | None = None, *, grace: float = 60.0, now: list[float] | None = None) -> None:
+    def __init__(
+        self, shard: Shard | None = None, *, grace: float = 60.0, now: list[float] | None = None, otlp: bool = False
+    ) -> None:
         shard = shard or Shard()
         self.now = now if now is not None else [1000.0]
-        self.joins = Joins(shard=shard, leak_grace=grace, clock=lambda: self.now[0], segment_size=4)
+        self.joins = Joins(shard=shard, leak_grace=grace, clock=lambda: self.now[0], segment_size=4, otlp=otlp)
         self.claims = ObjectStore(
             "resourceclaims",
             resourceclaim.parse,
             resourceclaim.STATE_FAMILIES,
             keep=shard.owns,
             listener=self.joins.claims_changed,
+            otlp=otlp,
         )
         self.slices = ObjectStore(
             "resourceslices",
@@ -96,6 +99,7 @@ class World:
             resourceslice.STATE_FAMILIES,
             keep=shard.owns,
             listener=self.joins.slices_changed,
+            otlp=otlp,
         )
         self.classes = ObjectStore(
             "deviceclasses",
@@ -103,6 +107,7 @@ class World:
             deviceclass.STATE_FAMILIES,
             keep=shard.first_only(),
             listener=self.joins.classes_changed,
+            otlp=otlp,
         )
         self.rules = ObjectStore(
             "devicetaintrules",
@@ -110,6 +115,7 @@ class World:
             devicetaintrule.STATE_FAMILIES,
             keep=shard.first_only(),
             listener=self.joins.rules_changed,
+            otlp=otlp,
         )
         self.by_kind = {"claim": self.claims, "slice": self.slices, "class": self.classes, "rule": self.rules}
 
