@@ -426,6 +426,7 @@ class Joins:
         self._dirty_slices: set[str] = set()
         self._dirty_pools: set[PoolKey] = set()
         self._restructured: set[PoolKey] = set()
+        self._cost_updates: list[tuple[str, ClaimCost | None]] = []
 
     # --- listeners (one reflector thread each) ----------------------------------------------------
     def claims_changed(self, changes: list[Change[Claim]]) -> None:
@@ -503,14 +504,14 @@ class Joins:
             self._priced[key] = new
             for deviceclass in _classes_of(new):
                 self._claims_of_class.setdefault(deviceclass, set()).add(key)
-            self.costs.put(key, self._price(new))
+            self._cost_updates.append((key, self._price(new)))
             if new.reserved == 0:
                 self.leaks.watch(key, new)
             else:
                 self.leaks.forget(key)
         else:
-            self._priced.pop(key, None)
-            self.costs.remove(key)
+            if self._priced.pop(key, None) is not None:
+                self._cost_updates.append((key, None))
             self.leaks.forget(key)
 
     def _unindex_classes(self, key: str) -> None:
@@ -599,6 +600,8 @@ class Joins:
 
     # --- batch end: evaluate what changed ----------------------------------------------------------
     def _flush(self) -> None:
+        self.costs.update(self._cost_updates)
+        self._cost_updates = []
         usage_updates: list[tuple[str, SliceUsage | None]] = []
         for key in sorted(self._dirty_slices):
             s = self._slices.get(key)
