@@ -49,6 +49,7 @@ ALLOCATIONS: dict[str, list[dict[str, Any]]] = {
         {"request": "dev", "driver": "admin.example.com", "pool": "gold-admin", "device": "a0", "adminAccess": True}
     ],
     "health": [{"request": "dev", "driver": "taint.example.com", "pool": "gold-taint", "device": "t2"}],
+    "busy": [{"request": "dev", "driver": "leak.example.com", "pool": "gold-leak", "device": "l1"}],
 }
 
 
