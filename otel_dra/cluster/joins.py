@@ -10,7 +10,8 @@ change touches:
   after), and their pools; re-prices the claim; moves it on or off the leak clock;
 - a slice change re-evaluates the slice and its pool;
 - a DeviceClass change re-prices the claims allocated through it;
-- a DeviceTaintRule change re-evaluates the slices of the driver (and pool) it selects.
+- a DeviceTaintRule change re-evaluates the slices of the driver (and pool) it selects (rules are
+  few and change rarely).
 
 So the work per change is bounded by the objects it touches (a slice has at most 128 devices), not
 by the size of the cluster. Changes of one full relist are applied as one batch, and each touched
@@ -411,6 +412,7 @@ class Joins:
         self._lock = threading.Lock()
         # Every object, whichever shard renders it.
         self._slices: dict[str, Slice] = {}
+        self._slices_of_driver: dict[str, set[str]] = {}
         self._owned_slices: set[str] = set()
         self._device_slices: dict[DevKey, tuple[str, ...]] = {}
         self._pools: dict[PoolKey, dict[int, set[str]]] = {}  # pool -> generation -> slice keys
@@ -462,13 +464,14 @@ class Joins:
                     self._rules[key] = new
                 else:
                     self._rules.pop(key, None)
-                # Rules are few and change rarely; the slices they may select are re-evaluated.
+                # The slices the rule may select (before and after the change) are re-evaluated.
                 for rule in (old, new):
-                    if rule is not None:
+                    if rule is None:
+                        continue
+                    drivers = [rule.driver] if rule.driver else list(self._slices_of_driver)
+                    for driver in drivers:
                         self._dirty_slices.update(
-                            k
-                            for k, s in self._slices.items()
-                            if rule.driver in ("", s.driver) and rule.pool in ("", s.pool)
+                            k for k in self._slices_of_driver.get(driver, ()) if rule.pool in ("", self._slices[k].pool)
                         )
             self._flush()
 
@@ -572,6 +575,11 @@ class Joins:
                     del generations[old.generation]
             self._dirty_pools.add(pool)
             self._restructured.add(pool)
+            of_driver = self._slices_of_driver.get(old.driver)
+            if of_driver is not None:
+                of_driver.discard(key)
+                if not of_driver:
+                    del self._slices_of_driver[old.driver]
         if new is None:
             self._slices.pop(key, None)
             self._owned_slices.discard(key)
@@ -579,15 +587,16 @@ class Joins:
             self.slice_usage.remove(key)
             return
         self._slices[key] = new
+        self._slices_of_driver.setdefault(new.driver, set()).add(key)
         if owned:
             self._owned_slices.add(key)
         else:
             self._owned_slices.discard(key)
         for d in new.devices:
             dev = (new.driver, new.pool, d.name)
-            keys = self._device_slices.get(dev, ())
-            if key not in keys:
-                self._device_slices[dev] = (*keys, key)
+            holders = self._device_slices.get(dev, ())
+            if key not in holders:
+                self._device_slices[dev] = (*holders, key)
         pool = (new.driver, new.pool)
         self._pools.setdefault(pool, {}).setdefault(new.generation, set()).add(key)
         self._dirty_pools.add(pool)
