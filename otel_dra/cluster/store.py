@@ -410,7 +410,8 @@ class ObjectStore(SeriesStore[T]):
         self._others = others
         self._swap(fresh)
         if self._listener is not None and changes:
-            self._listener(changes)
+            with _gc_paused():  # a relist's joins allocate as much as its entries did
+                self._listener(changes)
 
     def _fill(
         self,
