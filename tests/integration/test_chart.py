@@ -210,7 +210,13 @@ def test_monitors_rules_networkpolicy_pdb(helm):
     [sm] = kinds["ServiceMonitor"]
     assert sm["spec"]["endpoints"][0]["port"] == "http"
     [rule] = kinds["PrometheusRule"]
-    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    records = {r["record"] for g in rule["spec"]["groups"] for r in g["rules"] if "record" in r}
+    assert records == {
+        "namespace:kube_resourceclaim_hourly_cost:sum",
+        "deviceclass:kube_resourceclaim_hourly_cost:sum",
+        "namespace:kube_resourceclaim_unpriced_devices:sum",
+    }
     assert alerts == {
         "OtelDraExporterNotSynced",
         "DRADriverPrepareErrors",
