@@ -113,17 +113,23 @@ def series_counts(body: bytes) -> dict[str, Any]:
 
 
 def realloc_probes(admin: KubeClient, port: int, count: int) -> list[float]:
-    """Seconds from re-allocating claim 0 (to the probe slice's device and back) to the probe pool's
-    allocated count showing it in /metrics: the whole join path, claim -> slice -> pool."""
+    """Seconds from re-allocating claim 0 (to the probe slice's device and back) to /metrics
+    showing it: in the seed family kube_resourceclaim_status_allocated_device and, where the
+    exporter serves it, in the probe pool's kube_resourcepool_devices_allocated (the whole join
+    path, claim -> slice -> pool)."""
     path = "/apis/resource.k8s.io/v1/namespaces/bench-000/resourceclaims/claim-000000/status"
     original = admin.get_json(path)["status"]["allocation"]["devices"]["results"]
     probe = [{"request": "gpu", "driver": DRIVER, "pool": "probe", "device": "probe-0"}]
+    joins = b"kube_resourcepool_devices_allocated{" in get(f"http://127.0.0.1:{port}/metrics")[1]
     lags = []
     for i in range(count):
         results = probe if i % 2 == 0 else original
-        value = 1.0 if i % 2 == 0 else 0.0
-        labels = f'driver="{DRIVER}",node_name="probe-node",pool="probe"'
-        needle = f"kube_resourcepool_devices_allocated{{{labels}}} {value}"
+        r = results[0]
+        claim = f'device_name="{r["device"]}",driver="{DRIVER}",namespace="bench-000",pool="{r["pool"]}"'
+        needles = [f'kube_resourceclaim_status_allocated_device{{{claim},resourceclaim_name="claim-000000"}} 1.0']
+        if joins:
+            labels = f'driver="{DRIVER}",node_name="probe-node",pool="probe"'
+            needles.append(f"kube_resourcepool_devices_allocated{{{labels}}} {1.0 if i % 2 == 0 else 0.0}")
         release = {"status": {"allocation": None, "reservedFor": None}}
         admin.send_json("PATCH", path, release, content_type="application/merge-patch+json")
         body = {"status": {"allocation": {"devices": {"results": results}}}}
@@ -131,7 +137,7 @@ def realloc_probes(admin: KubeClient, port: int, count: int) -> list[float]:
         written = time.monotonic()
         while True:
             code, payload = get(f"http://127.0.0.1:{port}/metrics")
-            if code == 200 and needle.encode() in payload:
+            if code == 200 and all(n.encode() in payload for n in needles):
                 lags.append(time.monotonic() - written)
                 break
             if time.monotonic() - written > 60:
