@@ -335,6 +335,29 @@ def run_size(n: int, k: int, workdir: Path, phases: str = "ABCD") -> dict[str, A
     return r
 
 
+def exporter_pythonpath(tree: Path) -> str:
+    """PYTHONPATH that makes ``python -m otel_dra`` import the package from ``tree``. PYTHONPATH
+    alone is not enough: an editable install maps ``otel_dra`` with a meta-path finder, and ``-m``
+    puts the working directory first on sys.path. A sitecustomize (run after .pth files) replaces
+    the editable finder with one for ``tree``."""
+    boot = Path(tempfile.mkdtemp(prefix="otel-dra-boot-"))
+    (boot / "sitecustomize.py").write_text(
+        f"""import sys
+from importlib.machinery import PathFinder
+
+
+class _Tree:
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        return PathFinder.find_spec(fullname, [{str(tree)!r}]) if fullname == "otel_dra" else None
+
+
+sys.meta_path[:] = [_Tree] + [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
+"""
+    )
+    return str(boot)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--claims", type=int, nargs="+", default=[1000, 10000, 100000])
@@ -347,7 +370,7 @@ def main() -> int:
     if args.pin:
         PIN.update(exporter=["taskset", "-c", "0"], sink=["taskset", "-c", "1"])
     if args.exporter_path:
-        EXPORTER_ENV["PYTHONPATH"] = str(args.exporter_path.resolve())
+        EXPORTER_ENV["PYTHONPATH"] = exporter_pythonpath(args.exporter_path.resolve())
     results: dict[str, Any] = {
         "machine": machine(),
         "date": time.strftime("%Y-%m-%d"),
