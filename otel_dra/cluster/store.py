@@ -9,6 +9,10 @@ keeps, per family, the joined exposition of its objects (a :class:`Chunk`, with 
 compressed lazily). A change marks one segment dirty; a scrape re-joins only dirty segments and
 sends the rest as stored. So a scrape's work grows with the number of changes since the last one,
 plus one buffer write per segment, not with Python-level work per series. See docs/design.md.
+
+The rendered bytes are held once: an entry keeps its own lines only until its segment is joined;
+after that its lines live in the segment's chunks, found through per-family offsets, and a
+re-join copies unchanged entries' lines out of the previous chunks.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import contextlib
 import gc
 import logging
 import threading
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -39,22 +44,35 @@ SEGMENT = 256
 class _Entry(Generic[T]):
     resource_version: str
     obj: T | None  # None: the object could not be parsed at all
-    lines: tuple[bytes, ...]  # Prometheus exposition, per family
+    # Prometheus exposition, per family; None once held by the segment's chunks (see _Segment).
+    lines: tuple[bytes, ...] | None
     points: tuple[bytes, ...] | None  # OTLP data points, per family (only when pushing OTLP)
 
 
 class _Segment:
-    __slots__ = ("chunks", "keys", "points")
+    __slots__ = ("bounds", "built", "chunks", "keys", "points", "stale")
 
     def __init__(self, keys: list[str]) -> None:
         self.keys = keys
-        self.chunks: list[Chunk] | None = None  # per family; None when dirty
+        # The last join, per family: the chunk, and the offsets of each entry's lines in it (entry
+        # i of ``built`` spans bounds[i]:bounds[i + 1]). Kept while stale: a re-join takes the
+        # unchanged entries' lines from there.
+        self.chunks: list[Chunk] | None = None
+        self.bounds: list[array[int]] = []
+        self.built: list[str] = []
+        self.stale = True
         # Per family, references to the entries' OTLP points (not copies: a push joins them in C).
         self.points: list[PointGroup] | None = None
 
     def dirty(self) -> None:
-        self.chunks = None
+        self.stale = True
         self.points = None
+
+    def lines_of(self, key: str, index: dict[str, int]) -> tuple[bytes, ...]:
+        """An entry's lines, copied out of the last join."""
+        assert self.chunks is not None
+        i = index[key]
+        return tuple(c.data[b[i] : b[i + 1]] for c, b in zip(self.chunks, self.bounds, strict=True))
 
 
 _gc_lock = threading.Lock()
@@ -217,9 +235,58 @@ class SeriesStore(Generic[T]):
         size = self._segment_size
         segments = [_Segment(keys[i : i + size]) for i in range(0, len(keys), size)]
         with self._lock:
+            # Entries carried over from the old segments take their lines back before those go.
+            for segment in self._segments:
+                self._materialize(segment, keep=fresh)
             self._entries = fresh
             self._segments = segments
             self._firsts = [s.keys[0] for s in segments]
+            # Join now rather than at the next scrape: the entries' lines are freed before the
+            # joins of this relist allocate, which reuse that memory (a lower peak).
+            for segment in segments:
+                self._join(segment)
+
+    def _materialize(self, segment: _Segment, keep: dict[str, _Entry[T]] | None = None) -> None:
+        """Give the segment's entries (those in ``keep``, if given) their own lines again, before
+        the segment is split or replaced."""
+        if segment.chunks is None:
+            return
+        index = {k: i for i, k in enumerate(segment.built)}
+        entries = self._entries
+        for key in segment.built:
+            entry = entries.get(key)
+            if entry is None or entry.lines is not None:
+                continue
+            if keep is not None and keep.get(key) is not entry:
+                continue
+            entry.lines = segment.lines_of(key, index)
+
+    def _join(self, segment: _Segment) -> list[Chunk]:
+        """Re-join a stale segment (callers hold the lock). A family whose bytes did not change
+        keeps its chunk, and so its cached gzip member."""
+        entries = self._entries
+        old = segment.chunks
+        index = {k: i for i, k in enumerate(segment.built)} if old is not None else {}
+        rows = []
+        for key in segment.keys:
+            entry = entries[key]
+            rows.append(entry.lines if entry.lines is not None else segment.lines_of(key, index))
+        chunks: list[Chunk] = []
+        bounds: list[array[int]] = []
+        for f in range(len(self.families)):
+            parts = [row[f] for row in rows]
+            data = b"".join(parts)
+            offsets = array("I", [0])  # 4 bytes each: a segment chunk stays far below 4 GiB
+            total = 0
+            for part in parts:
+                total += len(part)
+                offsets.append(total)
+            chunks.append(old[f] if old is not None and old[f].data == data else Chunk(data))
+            bounds.append(offsets)
+        for key in segment.keys:
+            entries[key].lines = None
+        segment.chunks, segment.bounds, segment.built, segment.stale = chunks, bounds, list(segment.keys), False
+        return chunks
 
     # --- segment index (callers hold the lock) ------------------------------------------------
     def _segment_index(self, key: str) -> int:
@@ -239,6 +306,8 @@ class SeriesStore(Generic[T]):
         segment.dirty()
         self._firsts[i] = segment.keys[0]
         if len(segment.keys) >= 2 * self._segment_size:
+            self._materialize(segment)  # its last join does not describe the halves
+            segment.chunks = None
             half = len(segment.keys) // 2
             tail = _Segment(segment.keys[half:])
             segment.keys = segment.keys[:half]
@@ -278,15 +347,11 @@ class SeriesStore(Generic[T]):
     def blocks(self) -> list[tuple[GaugeFamily, list[Chunk]]]:
         """Each family's exposition, as one chunk per segment, ordered by object key."""
         with self._lock:
-            entries = self._entries
             per_family: list[list[Chunk]] = [[] for _ in self.families]
             for segment in self._segments:
                 chunks = segment.chunks
-                if chunks is None:
-                    rows = [entries[k].lines for k in segment.keys]
-                    chunks = segment.chunks = [
-                        Chunk(b"".join(row[i] for row in rows)) for i in range(len(self.families))
-                    ]
+                if segment.stale or chunks is None:
+                    chunks = self._join(segment)
                 for i, chunk in enumerate(chunks):
                     per_family[i].append(chunk)
             return [(fam.gauge, per_family[i]) for i, fam in enumerate(self.families)]
