@@ -262,25 +262,50 @@ class SeriesStore(Generic[T]):
             entry.lines = segment.lines_of(key, index)
 
     def _join(self, segment: _Segment) -> list[Chunk]:
-        """Re-join a stale segment (callers hold the lock). A family whose bytes did not change
-        keeps its chunk, and so its cached gzip member."""
+        """Re-join a stale segment (callers hold the lock). Unchanged entries are taken from the
+        previous chunks as runs of consecutive lines (zero-copy views until the final join), so the
+        Python work grows with the number of changed entries, not with the segment's size. A
+        family whose bytes did not change keeps its chunk, and so its cached gzip member."""
         entries = self._entries
         old = segment.chunks
         index = {k: i for i, k in enumerate(segment.built)} if old is not None else {}
-        rows = []
+        # The plan, shared by all families: an entry's own lines (a tuple), or a run [first, last]
+        # of consecutive entries of the previous join (a list).
+        plan: list[Any] = []
+        previous = -2
         for key in segment.keys:
-            entry = entries[key]
-            rows.append(entry.lines if entry.lines is not None else segment.lines_of(key, index))
+            lines = entries[key].lines
+            if lines is not None:
+                plan.append(lines)
+                previous = -2
+                continue
+            i = index[key]
+            if i == previous + 1:
+                plan[-1][1] = i
+            else:
+                plan.append([i, i])
+            previous = i
         chunks: list[Chunk] = []
         bounds: list[array[int]] = []
         for f in range(len(self.families)):
-            parts = [row[f] for row in rows]
-            data = b"".join(parts)
+            parts: list[bytes | memoryview] = []
             offsets = array("I", [0])  # 4 bytes each: a segment chunk stays far below 4 GiB
             total = 0
-            for part in parts:
-                total += len(part)
-                offsets.append(total)
+            view = memoryview(old[f].data) if old is not None else memoryview(b"")
+            was = segment.bounds[f] if old is not None else offsets
+            for item in plan:
+                if isinstance(item, tuple):
+                    part = item[f]
+                    parts.append(part)
+                    total += len(part)
+                    offsets.append(total)
+                else:
+                    first, last = item
+                    start, end = was[first], was[last + 1]
+                    parts.append(view[start:end])
+                    offsets.extend(map((total - start).__add__, was[first + 1 : last + 2]))
+                    total += end - start
+            data = b"".join(parts)
             chunks.append(old[f] if old is not None and old[f].data == data else Chunk(data))
             bounds.append(offsets)
         for key in segment.keys:
