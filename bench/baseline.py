@@ -32,8 +32,8 @@ def scrape_once(client: KubeClient) -> tuple[float, int]:
     parts: list[bytes] = []
     for module in (resourceclaim, resourceslice, deviceclass):
         objects = _list(client, module.RESOURCE.path)
-        parsed = [module.parse(o, lambda problem: None) for o in objects]  # type: ignore[attr-defined]
-        for fam in module.FAMILIES:  # type: ignore[attr-defined]
+        parsed = [module.parse(o, lambda problem: None) for o in objects]
+        for fam in module.FAMILIES:
             parts.append(fam.gauge.header(False))
             parts.extend(fam.gauge.render(fam.samples(p)) for p in parsed)
     body = b"".join(parts)

@@ -1,9 +1,13 @@
-"""Object churn for benchmarks: N status changes per second on random claims of a workload.
+"""Object churn for benchmarks: N changes per second on random claims of a workload.
 
-    python -m bench.churn KUBECONFIG CLAIMS NAMESPACES RATE
+    python -m bench.churn KUBECONFIG CLAIMS NAMESPACES RATE [reserve|realloc]
 
-Each change is one merge-patch of a claim's status (its reserving pod is replaced), the kind of
-write the scheduler and kubelet make all day. Runs until killed; prints achieved rate on exit."""
+``reserve`` (default): each change is one merge-patch of a claim's status that replaces its
+reserving pod, the kind of write the scheduler and kubelet make all day. ``realloc``: each change
+deallocates a claim and allocates it again on a random device of a random slice (two status
+writes, as the allocation is immutable): every change moves devices between slices and pools, so
+it exercises the joins (device allocation, pool counts). Claim 0 is left to the lag probes. Runs
+until killed; prints the achieved rate on exit."""
 
 from __future__ import annotations
 
@@ -15,11 +19,16 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+from bench.workload import DRIVER
 from otel_dra.kube.client import ApiError, KubeClient, load_credentials
 
 
 def main() -> int:
     kubeconfig, claims, namespaces, rate = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    mode = sys.argv[5] if len(sys.argv) > 5 else "reserve"
+    if mode not in ("reserve", "realloc"):
+        raise SystemExit(f"unknown churn mode {mode!r}")
+    slices = max(1, claims // 10)
     client = KubeClient(load_credentials(kubeconfig), max_connections=16)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *a: stop.set())
@@ -28,12 +37,22 @@ def main() -> int:
 
     def change(n: int) -> None:
         nonlocal done, errors
-        j = random.randrange(claims)
+        j = random.randrange(1, claims) if claims > 1 else 0
         path = f"/apis/resource.k8s.io/v1/namespaces/bench-{j % namespaces:03d}/resourceclaims/claim-{j:06d}/status"
-        body = {
-            "status": {"reservedFor": [{"resource": "pods", "name": f"pod-{j:06d}-c{n}", "uid": str(uuid.uuid4())}]}
-        }
+        pod = [{"resource": "pods", "name": f"pod-{j:06d}-c{n}", "uid": str(uuid.uuid4())}]
         try:
+            if mode == "realloc":
+                result = {
+                    "request": "gpu",
+                    "driver": DRIVER,
+                    "pool": f"node-{random.randrange(slices):05d}",
+                    "device": f"gpu-{random.randrange(8)}",
+                }
+                release = {"status": {"allocation": None, "reservedFor": None}}
+                client.send_json("PATCH", path, release, content_type="application/merge-patch+json")
+                body = {"status": {"allocation": {"devices": {"results": [result]}}, "reservedFor": pod}}
+            else:
+                body = {"status": {"reservedFor": pod}}
             client.send_json("PATCH", path, body, content_type="application/merge-patch+json")
             with lock:
                 done += 1

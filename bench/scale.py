@@ -11,7 +11,14 @@ B. the same exporter under 200 status changes/s (bench/churn.py): scrape latency
    write returning to the change being visible in /metrics (probe writes on one claim);
 C. the list-per-scrape baseline (bench/baseline.py): list the three resources and render;
 D. exporter with OTLP push every 3 s to a sink (bench/sink.py): CPU and wall time per push (from
-   self-metrics), scrape latency while pushes run, RSS.
+   self-metrics), scrape latency while pushes run, RSS;
+E. the exporter of A under 100 re-allocations/s (bench/churn.py realloc: each deallocates a claim
+   and allocates it on another device, which moves device allocation, counters and pool counts):
+   scrape latency, collection time, and the lag from a re-allocation to the pool aggregate
+   (kube_resourcepool_devices_allocated) showing it.
+
+``--exporter-path DIR`` runs the exporter processes from another source tree (put first on
+PYTHONPATH), e.g. an export of an older commit, to compare two versions with the same harness.
 """
 
 from __future__ import annotations
@@ -29,7 +36,8 @@ from typing import Any
 
 from bench.baseline import scrape_once
 from bench.exporter import Exporter, api_requests, free_port, get, machine, percentile
-from bench.workload import Workload, load
+from bench.workload import DRIVER, Workload, load
+from otel_dra.fixtures import create
 from otel_dra.kube.client import KubeClient, load_credentials
 from otel_dra.testbed import find_binaries, running
 
@@ -66,6 +74,90 @@ def self_metric(port: int, name: str, exporter: str) -> tuple[float, float]:
 # --pin: the exporter runs on CPU 0 and the OTLP sink on CPU 1, so that a receiver on the same
 # machine does not take the exporter's CPU (as a Collector on another node would not).
 PIN: dict[str, list[str]] = {"exporter": [], "sink": []}
+# Environment of the exporter processes (--exporter-path).
+EXPORTER_ENV: dict[str, str] = {}
+
+
+def series_counts(body: bytes) -> dict[str, Any]:
+    """Samples served, split into the seven seed families, the families beyond the seed, and the rest
+    (self-metrics, target_info)."""
+    from otel_dra.cluster import deviceclass, devicetaintrule, joins, resourceclaim, resourceslice
+    from otel_dra.cluster.families import Family
+
+    seeds: list[Family[Any]] = [*resourceclaim.FAMILIES, *resourceslice.FAMILIES, *deviceclass.FAMILIES]
+    new: list[Family[Any]] = [
+        *resourceclaim.STATE_FAMILIES,
+        *resourceslice.STATE_FAMILIES,
+        *deviceclass.STATE_FAMILIES,
+        *devicetaintrule.STATE_FAMILIES,
+        *joins.ALL_FAMILIES,
+    ]
+    seed = {f.prom_name for f in seeds}
+    beyond = {f.prom_name for f in new}
+    by_family: dict[str, int] = {}
+    other = 0
+    for line in body.splitlines():
+        if not line or line.startswith(b"#"):
+            continue
+        name = line.split(b"{", 1)[0].split(b" ", 1)[0].decode()
+        if name in seed or name in beyond:
+            by_family[name] = by_family.get(name, 0) + 1
+        else:
+            other += 1
+    return {
+        "series_seed": sum(v for k, v in by_family.items() if k in seed),
+        "series_beyond_seed": sum(v for k, v in by_family.items() if k in beyond),
+        "series_other": other,
+        "series_beyond_seed_by_family": {k: v for k, v in sorted(by_family.items()) if k in beyond},
+    }
+
+
+def realloc_probes(admin: KubeClient, port: int, count: int) -> list[float]:
+    """Seconds from re-allocating claim 0 (to the probe slice's device and back) to /metrics
+    showing it: in the seed family kube_resourceclaim_status_allocated_device and, where the
+    exporter serves it, in the probe pool's kube_resourcepool_devices_allocated (the whole join
+    path, claim -> slice -> pool)."""
+    path = "/apis/resource.k8s.io/v1/namespaces/bench-000/resourceclaims/claim-000000/status"
+    original = admin.get_json(path)["status"]["allocation"]["devices"]["results"]
+    probe = [{"request": "gpu", "driver": DRIVER, "pool": "probe", "device": "probe-0"}]
+    joins = b"kube_resourcepool_devices_allocated{" in get(f"http://127.0.0.1:{port}/metrics")[1]
+    lags = []
+    for i in range(count):
+        results = probe if i % 2 == 0 else original
+        r = results[0]
+        claim = f'device_name="{r["device"]}",driver="{DRIVER}",namespace="bench-000",pool="{r["pool"]}"'
+        needles = [f'kube_resourceclaim_status_allocated_device{{{claim},resourceclaim_name="claim-000000"}} 1.0']
+        if joins:
+            labels = f'driver="{DRIVER}",node_name="probe-node",pool="probe"'
+            needles.append(f"kube_resourcepool_devices_allocated{{{labels}}} {1.0 if i % 2 == 0 else 0.0}")
+        release = {"status": {"allocation": None, "reservedFor": None}}
+        admin.send_json("PATCH", path, release, content_type="application/merge-patch+json")
+        body = {"status": {"allocation": {"devices": {"results": results}}}}
+        admin.send_json("PATCH", path, body, content_type="application/merge-patch+json")
+        written = time.monotonic()
+        while True:
+            code, payload = get(f"http://127.0.0.1:{port}/metrics")
+            if code == 200 and all(n.encode() in payload for n in needles):
+                lags.append(time.monotonic() - written)
+                break
+            if time.monotonic() - written > 60:
+                raise RuntimeError("re-allocation never became visible")
+        time.sleep(0.5)
+    return lags
+
+
+def probe_slice() -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "probe-node-gpu.nvidia.com"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": "probe-node",
+            "pool": {"name": "probe", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "probe-0"}],
+        },
+    }
 
 
 def lag_probes(admin: KubeClient, port: int, count: int) -> list[float]:
@@ -137,7 +229,7 @@ def run_size(n: int, k: int, workdir: Path, phases: str = "ABCD") -> dict[str, A
         print(f"[{n}] loaded in {r['load_s']}s", flush=True)
 
         # A: Prometheus only
-        ex = Exporter(kubeconfig, workdir / f"exporter-{n}.log", prefix=PIN["exporter"])
+        ex = Exporter(kubeconfig, workdir / f"exporter-{n}.log", prefix=PIN["exporter"], env=EXPORTER_ENV)
         r["initial_sync_s"] = round(ex.wait_ready(), 2)
         for _ in range(2):
             curl_time(ex.port)
@@ -147,6 +239,7 @@ def run_size(n: int, k: int, workdir: Path, phases: str = "ABCD") -> dict[str, A
         r["api_requests_per_scrape"] = (api_requests(admin) - before) / (2 * k)
         _code, body = get(f"http://127.0.0.1:{ex.port}/metrics")
         r["series"] = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+        r.update(series_counts(body))
         r["body_mb"] = round(len(body) / 1e6, 1)
         s, c = self_metric(ex.port, "otel_dra_collection_duration_seconds", "prometheus")
         cs, cc = self_metric(ex.port, "otel_dra_collection_cpu_time_seconds", "prometheus")
@@ -155,7 +248,7 @@ def run_size(n: int, k: int, workdir: Path, phases: str = "ABCD") -> dict[str, A
         r["rss_mib"], r["peak_rss_mib"] = ex.rss_mib()
         print(f"[{n}] A {r['scrape']} gzip {r['scrape_gzip']} rss {r['rss_mib']}", flush=True)
 
-        if "B" not in phases:
+        if "B" not in phases and "E" not in phases:
             ex.stop()
         # B: churn at 200 changes/s
         if "B" in phases:
@@ -174,8 +267,30 @@ def run_size(n: int, k: int, workdir: Path, phases: str = "ABCD") -> dict[str, A
             churn.terminate()
             r["churn_rate"] = (churn.communicate(timeout=60)[0] or "").strip()
             r["rss_after_churn_mib"], _ = ex.rss_mib()
-            ex.stop()
             print(f"[{n}] B {r['churn_scrape']} lag {r['churn_lag_s']} {r['churn_rate']}", flush=True)
+
+        # E: re-allocation churn at 100 changes/s (two writes each)
+        if "E" in phases:
+            create(admin, probe_slice())
+            time.sleep(2)
+            churn = subprocess.Popen(
+                [sys.executable, "-m", "bench.churn", kubeconfig, str(n), "100", "100", "realloc"],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            time.sleep(5)
+            s0, c0 = self_metric(ex.port, "otel_dra_collection_duration_seconds", "prometheus")
+            r["realloc_scrape"] = scrapes(ex.port, k)
+            s1, c1 = self_metric(ex.port, "otel_dra_collection_duration_seconds", "prometheus")
+            r["realloc_collection_ms_mean"] = round(1000 * (s1 - s0) / max(1.0, c1 - c0), 2)
+            lags = realloc_probes(admin, ex.port, 10)
+            r["realloc_lag_s"] = {"p50": round(statistics.median(lags), 3), "max": round(max(lags), 3)}
+            churn.terminate()
+            r["realloc_rate"] = (churn.communicate(timeout=60)[0] or "").strip()
+            r["rss_after_realloc_mib"], _ = ex.rss_mib()
+            print(f"[{n}] E {r['realloc_scrape']} lag {r['realloc_lag_s']} {r['realloc_rate']}", flush=True)
+        if "B" in phases or "E" in phases:
+            ex.stop()
 
         # C: baseline
         if "C" in phases:
@@ -191,6 +306,7 @@ def run_size(n: int, k: int, workdir: Path, phases: str = "ABCD") -> dict[str, A
             kubeconfig,
             workdir / f"exporter-otlp-{n}.log",
             env={
+                **EXPORTER_ENV,
                 "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}",
                 "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
                 "OTEL_METRIC_EXPORT_INTERVAL": "3000",
@@ -219,17 +335,49 @@ def run_size(n: int, k: int, workdir: Path, phases: str = "ABCD") -> dict[str, A
     return r
 
 
+def exporter_pythonpath(tree: Path) -> str:
+    """PYTHONPATH that makes ``python -m otel_dra`` import the package from ``tree``. PYTHONPATH
+    alone is not enough: an editable install maps ``otel_dra`` with a meta-path finder, and ``-m``
+    puts the working directory first on sys.path. A sitecustomize (run after .pth files) replaces
+    the editable finder with one for ``tree``."""
+    boot = Path(tempfile.mkdtemp(prefix="otel-dra-boot-"))
+    (boot / "sitecustomize.py").write_text(
+        f"""import sys
+from importlib.machinery import PathFinder
+
+
+class _Tree:
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        return PathFinder.find_spec(fullname, [{str(tree)!r}]) if fullname == "otel_dra" else None
+
+
+sys.meta_path[:] = [_Tree] + [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
+"""
+    )
+    return str(boot)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--claims", type=int, nargs="+", default=[1000, 10000, 100000])
     parser.add_argument("--scrapes", type=int, default=20)
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--phases", default="ABCD", help="which of the phases A-D to run (A always runs)")
+    parser.add_argument("--phases", default="ABCDE", help="which of the phases A-E to run (A always runs)")
+    parser.add_argument("--exporter-path", type=Path, default=None, help="run the exporter from this source tree")
     parser.add_argument("--pin", action="store_true", help="exporter on CPU 0, OTLP sink on CPU 1 (taskset)")
     args = parser.parse_args()
     if args.pin:
         PIN.update(exporter=["taskset", "-c", "0"], sink=["taskset", "-c", "1"])
-    results: dict[str, Any] = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "pinned": args.pin, "runs": []}
+    if args.exporter_path:
+        EXPORTER_ENV["PYTHONPATH"] = exporter_pythonpath(args.exporter_path.resolve())
+    results: dict[str, Any] = {
+        "machine": machine(),
+        "date": time.strftime("%Y-%m-%d"),
+        "pinned": args.pin,
+        "exporter_path": str(args.exporter_path) if args.exporter_path else None,
+        "runs": [],
+    }
     with tempfile.TemporaryDirectory(prefix="otel-dra-scale-") as tmp:
         for n in args.claims:
             run = run_size(n, args.scrapes, Path(tmp), args.phases)

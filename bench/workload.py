@@ -107,6 +107,8 @@ def claim(j: int, w: Workload, generation: int = 0) -> dict[str, Any]:
         },
         "status": {
             "allocation": {
+                # Set by the scheduler when the DRADeviceBindingConditions feature is on.
+                "allocationTimestamp": "2026-11-01T00:00:00Z",
                 "devices": {
                     "results": [
                         {
@@ -116,7 +118,7 @@ def claim(j: int, w: Workload, generation: int = 0) -> dict[str, Any]:
                             "device": f"gpu-{device}",
                         }
                     ]
-                }
+                },
             },
             "reservedFor": [
                 {

@@ -54,6 +54,15 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _device_attributes(text: str) -> Any:
+    from otel_dra.cluster.resourceslice import DeviceAttributes
+
+    try:
+        return DeviceAttributes.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -130,6 +139,25 @@ def _exporter_parser(sub: Any) -> None:
         default="0",
     )
     _add(p, "--total-shards", "OTEL_DRA_TOTAL_SHARDS", "number of shards", default=1, type=_int_in(1, 1024))
+    from otel_dra.cluster.resourceslice import DEFAULT_DEVICE_ATTRIBUTES, MAX_DEVICE_ATTRIBUTES
+
+    _add(
+        p,
+        "--device-attributes",
+        "OTEL_DRA_DEVICE_ATTRIBUTES",
+        f"comma-separated device attributes that kube_resourceslice_device_info carries as labels "
+        f"(at most {MAX_DEVICE_ATTRIBUTES}; default {DEFAULT_DEVICE_ATTRIBUTES})",
+        default=_device_attributes(DEFAULT_DEVICE_ATTRIBUTES),
+        type=_device_attributes,
+    )
+    _add(
+        p,
+        "--leak-grace-period",
+        "OTEL_DRA_LEAK_GRACE_PERIOD",
+        "seconds a claim may stay allocated and reserved by nobody before kube_resourceclaim_leaked reports it",
+        default=600.0,
+        type=_positive_seconds,
+    )
     p.set_defaults(func=cmd_exporter)
 
 
@@ -199,6 +227,8 @@ def start_exporter(
     page_size: int = 500,
     target_info: bool = True,
     shard: Shard | None = None,
+    device_attributes: Any = None,
+    leak_grace: float = 600.0,
 ) -> ExporterApp:
     from otel_dra.cluster.exporter import ClusterState
     from otel_dra.kube.client import KubeClient, load_credentials
@@ -227,6 +257,8 @@ def start_exporter(
         stale_after=stale_after,
         page_size=page_size,
         shard=shard,
+        leak_grace=leak_grace,
+        **({"device_attributes": device_attributes} if device_attributes is not None else {}),
     )
     if state.shard.sharded:
         log.info("serving shard %d of %d", state.shard.index, state.shard.total)
@@ -301,6 +333,8 @@ def cmd_exporter(args: argparse.Namespace) -> int:
             stale_after=args.stale_after,
             page_size=args.page_size,
             target_info=args.target_info,
+            device_attributes=args.device_attributes,
+            leak_grace=args.leak_grace_period,
         )
     except (CredentialsError, ConfigError) as exc:
         log.error("%s", exc)

@@ -79,3 +79,67 @@ def free_port() -> int:
 def listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def ready_node(client: Any, name: str) -> None:
+    """Create a Node and report it Ready with room for pods: there is no kubelet to do it, and the
+    scheduler only binds pods to Ready nodes."""
+    from otel_dra.kube.client import ApiError
+
+    try:
+        client.send_json(
+            "POST",
+            "/api/v1/nodes",
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            },
+        )
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    status = {
+        "status": {
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+            ],
+            "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+            "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+        }
+    }
+    client.send_json("PATCH", f"/api/v1/nodes/{name}/status", status, content_type="application/merge-patch+json")
+
+
+def claim_pod(name: str, namespace: str, claim: str, node: str | None = None) -> dict[str, Any]:
+    """A Pod that uses an existing ResourceClaim (pinned to ``node`` through the scheduler, when given)."""
+    spec: dict[str, Any] = {
+        "containers": [
+            {"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "dev"}]}}
+        ],
+        "resourceClaims": [{"name": "dev", "resourceClaimName": claim}],
+    }
+    if node is not None:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def state_families() -> dict[str, str]:
+    """Prometheus name -> OTel instrument name of every cluster-state family beyond the seed."""
+    from otel_dra.cluster import deviceclass, devicetaintrule, joins, resourceclaim, resourceslice
+
+    families = [
+        *resourceclaim.STATE_FAMILIES,
+        *resourceslice.STATE_FAMILIES,
+        *deviceclass.STATE_FAMILIES,
+        *devicetaintrule.STATE_FAMILIES,
+        *joins.ALL_FAMILIES,
+    ]
+    return {f.prom_name: f.gauge.name for f in families}

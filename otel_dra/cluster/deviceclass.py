@@ -1,4 +1,4 @@
-"""DeviceClasses (resource.k8s.io/v1, cluster-scoped): the ``hourly-cost`` annotation."""
+"""DeviceClasses (resource.k8s.io/v1, cluster-scoped): the ``hourly-cost`` annotation and class info."""
 
 from __future__ import annotations
 
@@ -19,10 +19,17 @@ COST_ANNOTATION = "hourly-cost"
 _COST = re.compile(r"[0-9]+(\.[0-9]+)?", re.ASCII)
 
 
+# Why a class has no usable cost (the ``reason`` of kube_resourceclaim_unpriced_devices).
+NO_COST = "no_cost"
+INVALID_COST = "invalid_cost"
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceClass:
     name: str
     hourly_cost: float | None
+    cost_problem: str | None = None  # NO_COST or INVALID_COST when hourly_cost is None
+    extended_resource_name: str = ""
 
 
 def parse_cost(raw: str) -> float:
@@ -39,13 +46,23 @@ def parse(obj: dict[str, Any], report: Callable[[str], None]) -> DeviceClass:
     meta = obj.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     cost: float | None = None
+    problem: str | None = NO_COST
     raw = annotations.get(COST_ANNOTATION) if isinstance(annotations, dict) else None
     if raw is not None:
         try:
             cost = parse_cost(str(raw))
+            problem = None
         except ValueError as exc:
             report(f"{exc}; series omitted")
-    return DeviceClass(name=str(meta.get("name", "")), hourly_cost=cost)
+            problem = INVALID_COST
+    spec = obj.get("spec")
+    extended = spec.get("extendedResourceName") if isinstance(spec, dict) else None
+    return DeviceClass(
+        name=str(meta.get("name", "")),
+        hourly_cost=cost,
+        cost_problem=problem,
+        extended_resource_name=extended if isinstance(extended, str) else "",
+    )
 
 
 def _cost(c: DeviceClass) -> Iterable[Sample]:
@@ -53,6 +70,7 @@ def _cost(c: DeviceClass) -> Iterable[Sample]:
         yield (c.name,), c.hourly_cost
 
 
+# The seed's compatibility family: name, labels and values kept byte for byte.
 FAMILIES: tuple[Family[DeviceClass], ...] = (
     family(
         "kube_deviceclass_hourly_cost",
@@ -60,5 +78,21 @@ FAMILIES: tuple[Family[DeviceClass], ...] = (
         "Hourly cost of one device of this DeviceClass, from its hourly-cost annotation.",
         ("deviceclass_name",),
         _cost,
+    ),
+)
+
+
+def _info(c: DeviceClass) -> Iterable[Sample]:
+    yield (c.name, c.extended_resource_name), 1.0
+
+
+STATE_FAMILIES: tuple[Family[DeviceClass], ...] = (
+    family(
+        "kube_deviceclass_info",
+        "1",
+        "DeviceClasses (1 per class), with spec.extendedResourceName.",
+        ("deviceclass_name", "extended_resource_name"),
+        _info,
+        stability="experimental",
     ),
 )

@@ -1,4 +1,4 @@
-"""The cluster-state collector: three reflectors, three stores, their families and self-metrics.
+"""The cluster-state collector: reflectors, object stores, the joins across them, self-metrics.
 
 It is given a KubeClient and meter providers; it knows nothing of HTTP serving or of the plugin.
 """
@@ -13,9 +13,11 @@ from typing import Any
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
 from otel_dra import __version__
-from otel_dra.cluster import deviceclass, resourceclaim, resourceslice
+from otel_dra.cluster import deviceclass, devicetaintrule, resourceclaim, resourceslice
+from otel_dra.cluster.joins import Joins
+from otel_dra.cluster.resourceslice import DEFAULT_ATTRIBUTES, DeviceAttributes
 from otel_dra.cluster.sharding import Shard
-from otel_dra.cluster.store import ObjectStore
+from otel_dra.cluster.store import ObjectStore, SeriesStore
 from otel_dra.kube.client import KubeClient
 from otel_dra.kube.reflector import Reflector, ResourceType
 from otel_dra.telemetry.exposition import Chunk, GaugeFamily
@@ -85,7 +87,8 @@ class _SelfMetrics:
 
 
 class ClusterState:
-    """Watches ResourceClaims, ResourceSlices and DeviceClasses and serves their families."""
+    """Watches ResourceClaims, ResourceSlices, DeviceClasses (and DeviceTaintRules where served)
+    and serves their families and the joins across them."""
 
     def __init__(
         self,
@@ -96,29 +99,67 @@ class ClusterState:
         stale_after: float = 30.0,
         page_size: int = 500,
         shard: Shard | None = None,
+        device_attributes: DeviceAttributes = DEFAULT_ATTRIBUTES,
+        leak_grace: float = 600.0,
     ) -> None:
         self._metrics = _SelfMetrics(meter_provider)
         on_problem = self._count_problem
         shard = shard or Shard()
         self.shard = shard
+        self.joins = Joins(shard=shard, leak_grace=leak_grace, otlp=otlp)
         common: dict[str, Any] = {"on_problem": on_problem, "otlp": otlp}
         self.claims = ObjectStore(
-            "resourceclaims", resourceclaim.parse, resourceclaim.FAMILIES, keep=shard.owns, **common
+            "resourceclaims",
+            resourceclaim.parse,
+            resourceclaim.FAMILIES + resourceclaim.STATE_FAMILIES,
+            keep=shard.owns,
+            listener=self.joins.claims_changed,
+            **common,
         )
         self.slices = ObjectStore(
-            "resourceslices", resourceslice.parse, resourceslice.FAMILIES, keep=shard.owns, **common
+            "resourceslices",
+            resourceslice.make_parser(device_attributes),
+            resourceslice.FAMILIES + resourceslice.state_families(device_attributes),
+            keep=shard.owns,
+            listener=self.joins.slices_changed,
+            **common,
         )
         self.classes = ObjectStore(
-            "deviceclasses", deviceclass.parse, deviceclass.FAMILIES, keep=shard.first_only(), **common
+            "deviceclasses",
+            deviceclass.parse,
+            deviceclass.FAMILIES + deviceclass.STATE_FAMILIES,
+            keep=shard.first_only(),
+            listener=self.joins.classes_changed,
+            **common,
+        )
+        self.taint_rules = ObjectStore(
+            "devicetaintrules",
+            devicetaintrule.parse,
+            devicetaintrule.STATE_FAMILIES,
+            keep=shard.first_only(),
+            listener=self.joins.rules_changed,
+            **common,
         )
         stores: list[tuple[ResourceType, ObjectStore[Any]]] = [
             (resourceclaim.RESOURCE, self.claims),
             (resourceslice.RESOURCE, self.slices),
             (deviceclass.RESOURCE, self.classes),
+            (devicetaintrule.RESOURCE, self.taint_rules),
         ]
         self.stores: list[ObjectStore[Any]] = [s for _, s in stores]
+        # Everything that renders series: the objects' own, then the joins'.
+        self.series_stores: list[SeriesStore[Any]] = [*self.stores, *self.joins.stores]
         self.reflectors = [
-            Reflector(client, rtype, store, events=self._metrics, stale_after=stale_after, page_size=page_size)
+            Reflector(
+                client,
+                rtype,
+                store,
+                events=self._metrics,
+                stale_after=stale_after,
+                page_size=page_size,
+                # DeviceTaintRules are an alpha API: optional, found by discovery.
+                discover=devicetaintrule.discover if store is self.taint_rules else None,
+            )
             for rtype, store in stores
         ]
         meter = meter_provider.get_meter(SCOPE, __version__)
@@ -177,8 +218,9 @@ class ClusterState:
 
     # --- Prometheus: pre-rendered blocks -------------------------------------------------------
     def blocks(self) -> list[tuple[GaugeFamily, list[Chunk]]]:
+        self.joins.tick()
         out: list[tuple[GaugeFamily, list[Chunk]]] = []
-        for store in self.stores:
+        for store in self.series_stores:
             out.extend(store.blocks())
         return out
 
@@ -192,8 +234,9 @@ class ClusterState:
         """What to push: None while out of sync (never push a partial or stale picture)."""
         if self.not_synced() is not None:
             return None
+        self.joins.tick()
         out: list[tuple[MetricHeader, list[PointGroup]]] = []
-        for store in self.stores:
+        for store in self.series_stores:
             out.extend(store.otlp_metrics())
         return out
 

@@ -1,15 +1,29 @@
-"""ResourceClaims (resource.k8s.io/v1, namespaced): allocation results and pod reservations."""
+"""ResourceClaims (resource.k8s.io/v1, namespaced): allocation, reservations, lifecycle, device status."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from otel_dra.cluster.families import Family, Sample, family
+from otel_dra.kube.quantity import parse_quantity
 from otel_dra.kube.reflector import ResourceType
 
 RESOURCE = ResourceType("resourceclaims", "resource.k8s.io/v1")
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """One entry of status.allocation.devices.results."""
+
+    request: str  # "<request>" or, from a firstAvailable list, "<request>/<subrequest>"
+    driver: str
+    pool: str
+    device: str
+    admin: bool = False  # adminAccess: not consumption
+    consumed: tuple[tuple[str, float], ...] = ()  # consumedCapacity
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,10 +34,121 @@ class Claim:
     # device can appear more than once, and identical label sets must become one series).
     allocated: tuple[tuple[tuple[str, str, str], int], ...]
     pods: tuple[tuple[str, str], ...]  # reserving pods: (name, uid)
+    created: float | None = None  # metadata.creationTimestamp, Unix seconds
+    has_allocation: bool = False
+    allocation_time: float | None = None  # status.allocation.allocationTimestamp
+    reserved: int = 0  # status.reservedFor entries of any kind
+    results: tuple[Result, ...] = ()
+    # Request name ("<request>" or "<request>/<subrequest>") -> deviceClassName.
+    request_classes: tuple[tuple[str, str], ...] = ()
+    # Only for claims allocated and reserved by nobody: Unix time of the newest status write
+    # (metadata.managedFields of the status subresource); None when unknown.
+    status_time: float | None = None
+    # status.devices[].conditions[]: (driver, pool, device, share_id, type, status "true|false|unknown").
+    conditions: tuple[tuple[str, str, str, str, str, str], ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def phase(self) -> str:
+        if not self.has_allocation:
+            return "pending"
+        return "reserved" if self.reserved else "allocated"
+
+
+PHASES = ("pending", "allocated", "reserved")
+CONDITION_STATUSES = ("true", "false", "unknown")
 
 
 def _str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def parse_time(value: Any) -> float:
+    """An RFC 3339 timestamp (``2026-11-30T03:26:06Z``) as Unix seconds; ValueError otherwise."""
+    if not isinstance(value, str):
+        raise ValueError(f"not a timestamp: {value!r}")
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"not a timestamp: {value!r}") from None
+    if parsed.tzinfo is None:
+        raise ValueError(f"timestamp without a time zone: {value!r}")
+    return parsed.timestamp()
+
+
+def _time(value: Any, what: str, report: Callable[[str], None]) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_time(value)
+    except ValueError as exc:
+        report(f"{what}: {exc}; series omitted")
+        return None
+
+
+def _status_time(meta: dict[str, Any]) -> float | None:
+    newest: float | None = None
+    fields = meta.get("managedFields") or []
+    for entry in fields if isinstance(fields, list) else []:
+        if isinstance(entry, dict) and entry.get("subresource") == "status":
+            try:
+                t = parse_time(entry.get("time"))
+            except ValueError:
+                continue
+            newest = t if newest is None else max(newest, t)
+    return newest
+
+
+def _request_classes(spec: Any) -> tuple[tuple[str, str], ...]:
+    devices = spec.get("devices") if isinstance(spec, dict) else None
+    requests = devices.get("requests") if isinstance(devices, dict) else None
+    out: list[tuple[str, str]] = []
+    for request in requests if isinstance(requests, list) else []:
+        if not isinstance(request, dict) or not isinstance(request.get("name"), str):
+            continue
+        name = request["name"]
+        exactly = request.get("exactly")
+        if isinstance(exactly, dict) and isinstance(exactly.get("deviceClassName"), str):
+            out.append((name, exactly["deviceClassName"]))
+        subrequests = request.get("firstAvailable")
+        for sub in subrequests if isinstance(subrequests, list) else []:
+            if (
+                isinstance(sub, dict)
+                and isinstance(sub.get("name"), str)
+                and isinstance(sub.get("deviceClassName"), str)
+            ):
+                out.append((f"{name}/{sub['name']}", sub["deviceClassName"]))
+    return tuple(out)
+
+
+def _consumed(raw: Any, report: Callable[[str], None]) -> tuple[tuple[str, float], ...]:
+    if not isinstance(raw, dict):
+        return ()
+    out = []
+    for name, value in raw.items():
+        try:
+            out.append((str(name), parse_quantity(value)))
+        except ValueError as exc:
+            report(f"consumedCapacity {name}: {exc}; ignored")
+    return tuple(out)
+
+
+def _conditions(status: dict[str, Any]) -> tuple[tuple[str, str, str, str, str, str], ...]:
+    out: dict[tuple[str, str, str, str, str, str], None] = {}
+    devices = status.get("devices") or []
+    for entry in devices if isinstance(devices, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        where = tuple(str(entry.get(k) or "") for k in ("driver", "pool", "device", "shareID"))
+        conditions = entry.get("conditions") or []
+        for condition in conditions if isinstance(conditions, list) else []:
+            if isinstance(condition, dict) and isinstance(condition.get("type"), str):
+                state = str(condition.get("status", "")).lower()
+                out[(*where, condition["type"], state if state in ("true", "false") else "unknown")] = None
+    return tuple(out)
 
 
 def parse(obj: dict[str, Any], report: Callable[[str], None]) -> Claim:
@@ -33,11 +158,14 @@ def parse(obj: dict[str, Any], report: Callable[[str], None]) -> Claim:
         report("status is not an object")
         status = {}
     counts: dict[tuple[str, str, str], int] = {}
-    allocation = status.get("allocation") or {}
-    results = ((allocation.get("devices") or {}) if isinstance(allocation, dict) else {}).get("results") or []
+    allocation = status.get("allocation")
+    has_allocation = isinstance(allocation, dict)
+    allocation = allocation if isinstance(allocation, dict) else {}
+    results = (allocation.get("devices") or {}).get("results") or []
     if not isinstance(results, list):
         report("status.allocation.devices.results is not a list")
         results = []
+    parsed: list[Result] = []
     for i, result in enumerate(results):
         if not isinstance(result, dict):
             result = {}
@@ -47,6 +175,16 @@ def parse(obj: dict[str, Any], report: Callable[[str], None]) -> Claim:
             continue
         key = (driver, pool, device)
         counts[key] = counts.get(key, 0) + 1
+        parsed.append(
+            Result(
+                request=str(result.get("request") or ""),
+                driver=driver,
+                pool=pool,
+                device=device,
+                admin=result.get("adminAccess") is True,
+                consumed=_consumed(result.get("consumedCapacity"), report),
+            )
+        )
     pods: list[tuple[str, str]] = []
     reserved = status.get("reservedFor") or []
     if not isinstance(reserved, list):
@@ -57,11 +195,20 @@ def parse(obj: dict[str, Any], report: Callable[[str], None]) -> Claim:
             continue
         if (consumer.get("apiGroup") or "") == "" and consumer.get("resource") == "pods":
             pods.append((str(consumer.get("name", "")), str(consumer.get("uid", ""))))
+    unreserved = has_allocation and not reserved
     return Claim(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
         allocated=tuple(counts.items()),
         pods=tuple(pods),
+        created=_time(meta.get("creationTimestamp"), "metadata.creationTimestamp", report),
+        has_allocation=has_allocation,
+        allocation_time=_time(allocation.get("allocationTimestamp"), "allocationTimestamp", report),
+        reserved=len(reserved),
+        results=tuple(parsed),
+        request_classes=_request_classes(obj.get("spec")),
+        status_time=_status_time(meta) if unreserved else None,
+        conditions=_conditions(status),
     )
 
 
@@ -79,6 +226,7 @@ def _reserved_total(c: Claim) -> Iterable[Sample]:
     yield (c.name, c.namespace), float(len(c.pods))
 
 
+# The seed's compatibility families: names, labels and values kept byte for byte.
 FAMILIES: tuple[Family[Claim], ...] = (
     family(
         "kube_resourceclaim_status_allocated_device",
@@ -100,5 +248,83 @@ FAMILIES: tuple[Family[Claim], ...] = (
         "Number of pods reserving the ResourceClaim (0 included).",
         ("resourceclaim_name", "namespace"),
         _reserved_total,
+    ),
+)
+
+
+def _phase(c: Claim) -> Iterable[Sample]:
+    current = c.phase
+    for phase in PHASES:
+        yield (c.name, c.namespace, phase), 1.0 if phase == current else 0.0
+
+
+def _created(c: Claim) -> Iterable[Sample]:
+    if c.created is not None:
+        yield (c.name, c.namespace), c.created
+
+
+def _allocation_time(c: Claim) -> Iterable[Sample]:
+    if c.has_allocation and c.allocation_time is not None:
+        yield (c.name, c.namespace), c.allocation_time
+
+
+def _admin_access(c: Claim) -> Iterable[Sample]:
+    counts: dict[tuple[str, str, str], int] = {}
+    for r in c.results:
+        if r.admin:
+            counts[(r.driver, r.pool, r.device)] = counts.get((r.driver, r.pool, r.device), 0) + 1
+    for (driver, pool, device), count in counts.items():
+        yield (c.name, c.namespace, pool, device, driver), float(count)
+
+
+def _device_conditions(c: Claim) -> Iterable[Sample]:
+    for driver, pool, device, share_id, condition, status in c.conditions:
+        for state in CONDITION_STATUSES:
+            yield (
+                (c.name, c.namespace, driver, pool, device, share_id, condition, state),
+                1.0 if state == status else 0.0,
+            )
+
+
+STATE_FAMILIES: tuple[Family[Claim], ...] = (
+    family(
+        "kube_resourceclaim_status_phase",
+        "1",
+        "The ResourceClaim's phase: pending (not allocated), allocated (reserved by nobody) or reserved.",
+        ("resourceclaim_name", "namespace", "phase"),
+        _phase,
+        stability="experimental",
+    ),
+    family(
+        "kube_resourceclaim_created_timestamp",
+        "s",
+        "Unix creation time of the ResourceClaim.",
+        ("resourceclaim_name", "namespace"),
+        _created,
+        stability="experimental",
+    ),
+    family(
+        "kube_resourceclaim_allocation_timestamp",
+        "s",
+        "Unix time of the ResourceClaim's allocation (status.allocation.allocationTimestamp), when set.",
+        ("resourceclaim_name", "namespace"),
+        _allocation_time,
+        stability="experimental",
+    ),
+    family(
+        "kube_resourceclaim_status_admin_access_device",
+        "{device}",
+        "Devices allocated to the ResourceClaim with adminAccess (not counted as consumption).",
+        ("resourceclaim_name", "namespace", "pool", "device_name", "driver"),
+        _admin_access,
+        stability="experimental",
+    ),
+    family(
+        "kube_resourceclaim_status_device_condition",
+        "1",
+        "Conditions of the claim's devices (status.devices[].conditions), as a state set over status.",
+        ("resourceclaim_name", "namespace", "driver", "pool", "device_name", "share_id", "condition", "status"),
+        _device_conditions,
+        stability="experimental",
     ),
 )

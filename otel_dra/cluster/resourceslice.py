@@ -1,7 +1,8 @@
-"""ResourceSlices (resource.k8s.io/v1, cluster-scoped): published devices and their capacity."""
+"""ResourceSlices (resource.k8s.io/v1, cluster-scoped): published devices, capacity, counters, taints."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,87 @@ RESOURCE = ResourceType("resourceslices", "resource.k8s.io/v1")
 # The capacities the compatibility families report (the seed exporter's set).
 CAPACITIES = ("memory", "multiprocessors", "decoders")
 
+# Taint effects that keep the scheduler from allocating a device (without a toleration).
+BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+
+DEFAULT_DEVICE_ATTRIBUTES = "type,productName,architecture,driverVersion,uuid"
+MAX_DEVICE_ATTRIBUTES = 16
+# A device attribute name: an optional DNS-subdomain domain, then a C identifier (<= 32 chars).
+_ATTRIBUTE_NAME = re.compile(r"(?:([a-z0-9]([-a-z0-9.]*[a-z0-9])?)/)?([A-Za-z][A-Za-z0-9_]{0,31})", re.ASCII)
+
+
+def _snake(name: str) -> str:
+    name = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
+    name = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name)
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+@dataclass(frozen=True)
+class DeviceAttributes:
+    """Which device attributes ``kube_resourceslice_device_info`` carries as labels.
+
+    A name without a domain (``productName``) matches the attribute as published without one or
+    qualified with the slice's driver (``gpu.nvidia.com/productName``), which DRA treats as the same
+    attribute; a qualified name matches itself, or the bare name when the domain is the driver.
+    """
+
+    names: tuple[str, ...]
+    labels: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, text: str) -> DeviceAttributes:
+        names = tuple(n.strip() for n in text.split(",") if n.strip())
+        if len(names) > MAX_DEVICE_ATTRIBUTES:
+            raise ValueError(f"at most {MAX_DEVICE_ATTRIBUTES} device attributes can become labels, got {len(names)}")
+        labels = []
+        for name in names:
+            if not _ATTRIBUTE_NAME.fullmatch(name):
+                raise ValueError(
+                    f"{name!r} is not a device attribute name (an identifier such as productName, optionally "
+                    "prefixed by a domain: gpu.nvidia.com/productName)"
+                )
+            label = "attribute_" + _snake(name.rpartition("/")[2])
+            if label in labels:
+                raise ValueError(f"device attributes {name!r} and another one both become the label {label}")
+            labels.append(label)
+        return cls(names, tuple(labels))
+
+    def values(self, attributes: Any, driver: str) -> tuple[str, ...]:
+        if not isinstance(attributes, dict) or not self.names:
+            return tuple("" for _ in self.names)
+        out = []
+        for name in self.names:
+            domain, _, ident = name.rpartition("/")
+            if domain:
+                value = attributes.get(name)
+                if value is None and domain == driver:
+                    value = attributes.get(ident)
+            else:
+                value = attributes.get(name)
+                if value is None:
+                    value = attributes.get(f"{driver}/{name}")
+            out.append(_attribute_text(value))
+        return tuple(out)
+
+
+DEFAULT_ATTRIBUTES = DeviceAttributes.parse(DEFAULT_DEVICE_ATTRIBUTES)
+
+
+def _attribute_text(value: Any) -> str:
+    if not isinstance(value, dict):
+        return ""
+    for kind in ("string", "version"):
+        if isinstance(value.get(kind), str):
+            return str(value[kind])
+    if isinstance(value.get("bool"), bool):
+        return "true" if value["bool"] else "false"
+    if isinstance(value.get("int"), int):
+        return str(value["int"])
+    return ""
+
+
+Amounts = tuple[tuple[str, float], ...]  # (name, value) pairs in the published order
+
 
 @dataclass(frozen=True, slots=True)
 class Device:
@@ -24,6 +106,19 @@ class Device:
     product_name: str
     parent_uuid: str
     capacity: tuple[float | None, ...]  # in CAPACITIES order; None when absent or invalid
+    info: tuple[str, ...] = ()  # values of the configured DeviceAttributes
+    capacities: Amounts = ()  # every valid capacity
+    # For devices with allowMultipleAllocations: per entry of ``capacities``, what a request that
+    # names no amount consumes (requestPolicy.default, else the whole capacity).
+    defaults: tuple[float, ...] = ()
+    taints: tuple[tuple[str, str, str], ...] = ()  # (key, value, effect)
+    counters: tuple[tuple[str, Amounts], ...] = ()  # consumesCounters: (counter set, amounts)
+    multi: bool = False  # allowMultipleAllocations
+
+    @property
+    def blocked(self) -> bool:
+        """A taint keeps the scheduler from allocating it."""
+        return any(effect in BLOCKING_EFFECTS for _, _, effect in self.taints)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +127,10 @@ class Slice:
     driver: str
     pool: str
     devices: tuple[Device, ...]
+    generation: int = 0
+    slice_count: int = 0  # spec.pool.resourceSliceCount
+    node_name: str = ""  # spec.nodeName
+    counter_sets: tuple[tuple[str, Amounts], ...] = ()  # sharedCounters
 
 
 def _string_attribute(attributes: Any, name: str) -> str:
@@ -41,56 +140,139 @@ def _string_attribute(attributes: Any, name: str) -> str:
     return ""
 
 
-def parse(obj: dict[str, Any], report: Callable[[str], None]) -> Slice:
-    meta = obj.get("metadata") or {}
-    spec = obj.get("spec")
-    if not isinstance(spec, dict):
-        raise ValueError("spec is missing or not an object")
-    pool = spec.get("pool") or {}
-    per_device = spec.get("perDeviceNodeSelection") is True
-    slice_node = spec.get("nodeName") if isinstance(spec.get("nodeName"), str) else ""
-    raw_devices = spec.get("devices") or []
-    if not isinstance(raw_devices, list):
-        report("spec.devices is not a list")
-        raw_devices = []
-    devices: list[Device] = []
-    for i, dev in enumerate(raw_devices):
-        if not isinstance(dev, dict) or not isinstance(dev.get("name"), str):
-            report(f"spec.devices[{i}] has no name; skipped")
-            continue
-        # node_name is the node the device is bound to -- never the pool name. With per-device
-        # node selection each device says; otherwise the slice does (empty for shared devices).
-        node = dev.get("nodeName") if per_device else slice_node
-        attributes = dev.get("attributes") or {}
-        capacity_in = dev.get("capacity") or {}
-        values: list[float | None] = []
-        for cap in CAPACITIES:
-            entry = capacity_in.get(cap) if isinstance(capacity_in, dict) else None
-            if entry is None:
-                values.append(None)
+def _int(value: Any) -> int:
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return 0
+
+
+def _amounts(raw: Any, what: str, report: Callable[[str], None]) -> Amounts:
+    """``{name: {value: <quantity>}}`` as (name, number) pairs; invalid entries are reported and skipped."""
+    if not isinstance(raw, dict):
+        if raw is not None:
+            report(f"{what} is not an object")
+        return ()
+    out = []
+    for name, entry in raw.items():
+        try:
+            value = entry.get("value") if isinstance(entry, dict) else entry
+            out.append((str(name), parse_quantity(value)))
+        except ValueError as exc:
+            report(f"{what} {name}: {exc}; series omitted")
+    return tuple(out)
+
+
+def make_parser(
+    attributes: DeviceAttributes = DEFAULT_ATTRIBUTES,
+) -> Callable[[dict[str, Any], Callable[[str], None]], Slice]:
+    def parse(obj: dict[str, Any], report: Callable[[str], None]) -> Slice:
+        meta = obj.get("metadata") or {}
+        spec = obj.get("spec")
+        if not isinstance(spec, dict):
+            raise ValueError("spec is missing or not an object")
+        driver = str(spec.get("driver", ""))
+        pool = spec.get("pool") or {}
+        if not isinstance(pool, dict):
+            pool = {}
+        per_device = spec.get("perDeviceNodeSelection") is True
+        slice_node = spec["nodeName"] if isinstance(spec.get("nodeName"), str) else ""
+        raw_devices = spec.get("devices") or []
+        if not isinstance(raw_devices, list):
+            report("spec.devices is not a list")
+            raw_devices = []
+        devices: list[Device] = []
+        for i, dev in enumerate(raw_devices):
+            if not isinstance(dev, dict) or not isinstance(dev.get("name"), str):
+                report(f"spec.devices[{i}] has no name; skipped")
                 continue
-            try:
-                raw = entry.get("value") if isinstance(entry, dict) else entry
-                values.append(parse_quantity(raw))
-            except ValueError as exc:
-                report(f"device {dev['name']}: capacity {cap}: {exc}; series omitted")
-                values.append(None)
-        devices.append(
-            Device(
-                name=dev["name"],
-                node_name=node if isinstance(node, str) else "",
-                type=_string_attribute(attributes, "type"),
-                product_name=_string_attribute(attributes, "productName"),
-                parent_uuid=_string_attribute(attributes, "parentUUID"),
-                capacity=tuple(values),
-            )
+            devices.append(_device(dev, per_device, slice_node, driver, attributes, report))
+        counter_sets = []
+        raw_sets = spec.get("sharedCounters") or []
+        for i, counter_set in enumerate(raw_sets if isinstance(raw_sets, list) else []):
+            if not isinstance(counter_set, dict) or not isinstance(counter_set.get("name"), str):
+                report(f"spec.sharedCounters[{i}] has no name; skipped")
+                continue
+            name = counter_set["name"]
+            counter_sets.append((name, _amounts(counter_set.get("counters"), f"counter set {name}: counter", report)))
+        return Slice(
+            name=str(meta.get("name", "")),
+            driver=driver,
+            pool=str(pool.get("name", "")),
+            devices=tuple(devices),
+            generation=_int(pool.get("generation")),
+            slice_count=_int(pool.get("resourceSliceCount")),
+            node_name=slice_node,
+            counter_sets=tuple(counter_sets),
         )
-    return Slice(
-        name=str(meta.get("name", "")),
-        driver=str(spec.get("driver", "")),
-        pool=str(pool.get("name", "")) if isinstance(pool, dict) else "",
-        devices=tuple(devices),
+
+    return parse
+
+
+def _device(
+    dev: dict[str, Any],
+    per_device: bool,
+    slice_node: str,
+    driver: str,
+    attributes: DeviceAttributes,
+    report: Callable[[str], None],
+) -> Device:
+    name = dev["name"]
+    # node_name is the node the device is bound to -- never the pool name. With per-device
+    # node selection each device says; otherwise the slice does (empty for shared devices).
+    node = dev.get("nodeName") if per_device else slice_node
+    attrs = dev.get("attributes") or {}
+    raw_capacity = dev.get("capacity") or {}
+    capacities = _amounts(raw_capacity, f"device {name}: capacity", report)
+    by_name = dict(capacities)
+    multi = dev.get("allowMultipleAllocations") is True
+    defaults: list[float] = []
+    if multi:
+        for cap, value in capacities:
+            policy = (raw_capacity.get(cap) or {}).get("requestPolicy")
+            default = value
+            if isinstance(policy, dict) and policy.get("default") is not None:
+                try:
+                    default = parse_quantity(policy["default"])
+                except ValueError as exc:
+                    report(f"device {name}: capacity {cap}: requestPolicy.default: {exc}")
+            defaults.append(default)
+    taints = []
+    raw_taints = dev.get("taints") or []
+    for taint in raw_taints if isinstance(raw_taints, list) else []:
+        if isinstance(taint, dict) and isinstance(taint.get("key"), str):
+            taints.append((taint["key"], str(taint.get("value") or ""), str(taint.get("effect") or "")))
+    counters = []
+    raw_counters = dev.get("consumesCounters") or []
+    for consumption in raw_counters if isinstance(raw_counters, list) else []:
+        if isinstance(consumption, dict) and isinstance(consumption.get("counterSet"), str):
+            set_name = consumption["counterSet"]
+            counters.append(
+                (
+                    set_name,
+                    _amounts(consumption.get("counters"), f"device {name}: counter set {set_name}: counter", report),
+                )
+            )
+    return Device(
+        name=name,
+        node_name=node if isinstance(node, str) else "",
+        type=_string_attribute(attrs, "type"),
+        product_name=_string_attribute(attrs, "productName"),
+        parent_uuid=_string_attribute(attrs, "parentUUID"),
+        capacity=tuple(by_name.get(cap) for cap in CAPACITIES),
+        info=attributes.values(attrs, driver),
+        capacities=capacities,
+        defaults=tuple(defaults),
+        taints=tuple(taints),
+        counters=tuple(counters),
+        multi=multi,
     )
+
+
+parse = make_parser()
 
 
 LABELS = (
@@ -118,6 +300,7 @@ def _capacity(index: int) -> Callable[[Slice], Iterable[Sample]]:
     return samples
 
 
+# The seed's compatibility families: names, labels and values kept byte for byte.
 FAMILIES: tuple[Family[Slice], ...] = (
     family(
         "kube_resourceslice_device_capacity_memory",
@@ -141,3 +324,84 @@ FAMILIES: tuple[Family[Slice], ...] = (
         _capacity(2),
     ),
 )
+
+DEVICE_LABELS = ("resourceslice_name", "driver", "pool", "node_name", "device_name")
+COUNTER_LABELS = ("resourceslice_name", "driver", "pool", "node_name", "counter_set", "counter")
+
+
+def _info(s: Slice) -> Iterable[Sample]:
+    for d in s.devices:
+        yield (s.name, s.driver, s.pool, d.node_name, d.name, *d.info), 1.0
+
+
+def _all_capacities(s: Slice) -> Iterable[Sample]:
+    for d in s.devices:
+        for cap, value in d.capacities:
+            yield (s.name, s.driver, s.pool, d.node_name, d.name, cap), value
+
+
+def _taints(s: Slice) -> Iterable[Sample]:
+    for d in s.devices:
+        # The API allows the same key with different effects; identical entries become one series.
+        for key, value, effect in dict.fromkeys(d.taints):
+            yield (s.name, s.driver, s.pool, d.node_name, d.name, key, value, effect), 1.0
+
+
+def _counter_capacity(s: Slice) -> Iterable[Sample]:
+    for set_name, counters in s.counter_sets:
+        for counter, value in counters:
+            yield (s.name, s.driver, s.pool, s.node_name, set_name, counter), value
+
+
+def _generation(s: Slice) -> Iterable[Sample]:
+    yield (s.name, s.driver, s.pool), float(s.generation)
+
+
+def state_families(attributes: DeviceAttributes = DEFAULT_ATTRIBUTES) -> tuple[Family[Slice], ...]:
+    """The per-slice families beyond the seed (``kube_resourceslice_device_info``'s labels depend
+    on the configured attributes)."""
+    return (
+        family(
+            "kube_resourceslice_device_info",
+            "1",
+            "Devices published in ResourceSlices (1 per device), with chosen device attributes as labels.",
+            (*DEVICE_LABELS, *attributes.labels),
+            _info,
+            stability="experimental",
+        ),
+        family(
+            "kube_resourceslice_device_capacity",
+            "1",
+            "Every capacity of every device, as a number (capacity label: the capacity's name).",
+            (*DEVICE_LABELS, "capacity"),
+            _all_capacities,
+            stability="experimental",
+        ),
+        family(
+            "kube_resourceslice_device_taint",
+            "1",
+            "Taints of devices in ResourceSlices: 1 per (key, value, effect).",
+            (*DEVICE_LABELS, "key", "value", "effect"),
+            _taints,
+            stability="experimental",
+        ),
+        family(
+            "kube_resourceslice_counter_set_capacity",
+            "1",
+            "Counters of the slice's shared counter sets, as numbers.",
+            COUNTER_LABELS,
+            _counter_capacity,
+            stability="experimental",
+        ),
+        family(
+            "kube_resourceslice_pool_generation",
+            "1",
+            "The slice's spec.pool.generation.",
+            ("resourceslice_name", "driver", "pool"),
+            _generation,
+            stability="experimental",
+        ),
+    )
+
+
+STATE_FAMILIES = state_families()

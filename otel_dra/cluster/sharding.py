@@ -2,9 +2,11 @@
 
 Objects are assigned by FNV-1a 64 of their UID modulo the shard count (as kube-state-metrics
 does): a UID never changes, so an object stays on its shard for life, and the split needs no
-coordination. Every shard still lists and watches everything and drops what is not its own; the
-saving is in memory, rendering and scrape size. DeviceClasses (few, cluster-wide) go to shard 0
-only, so that summing across shards never double counts them.
+coordination. Every shard still lists and watches everything and renders only its own objects'
+series; the saving is in memory, rendering and scrape size. DeviceClasses (few, cluster-wide) go to
+shard 0 only, so that summing across shards never double counts them. Series that are not about
+one object (pool aggregates) belong to the shard that a hash of their name picks
+(:meth:`Shard.owns_name`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ class Shard:
         meta = obj.get("metadata") or {}
         uid = meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         return fnv1a64(str(uid).encode()) % self.total == self.index
+
+    def owns_name(self, name: str) -> bool:
+        """For series keyed by a name rather than an object (a resource pool: "driver/pool")."""
+        return self.total == 1 or fnv1a64(name.encode()) % self.total == self.index
 
     def first_only(self) -> Callable[[dict[str, Any]], bool]:
         """For resources that only shard 0 serves."""

@@ -1,10 +1,18 @@
 """The cache: slim objects plus their exposition lines, rendered once per object change.
 
-Objects are kept in key order, split into segments of about ``SEGMENT`` objects. Each segment
+:class:`SeriesStore` holds keyed values and their rendered series; :class:`ObjectStore` adds what a
+watched resource needs (parsing, resourceVersion checks, full relists, the shard filter, and a
+listener that hears every change, which the joins in :mod:`otel_dra.cluster.joins` use).
+
+Values are kept in key order, split into segments of about ``SEGMENT`` objects. Each segment
 keeps, per family, the joined exposition of its objects (a :class:`Chunk`, with its gzip member
 compressed lazily). A change marks one segment dirty; a scrape re-joins only dirty segments and
 sends the rest as stored. So a scrape's work grows with the number of changes since the last one,
 plus one buffer write per segment, not with Python-level work per series. See docs/design.md.
+
+The rendered bytes are held once: an entry keeps its own lines only until its segment is joined;
+after that its lines live in the segment's chunks, found through per-family offsets, and a
+re-join copies unchanged entries' lines out of the previous chunks.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import contextlib
 import gc
 import logging
 import threading
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -35,22 +44,35 @@ SEGMENT = 256
 class _Entry(Generic[T]):
     resource_version: str
     obj: T | None  # None: the object could not be parsed at all
-    lines: tuple[bytes, ...]  # Prometheus exposition, per family
+    # Prometheus exposition, per family; None once held by the segment's chunks (see _Segment).
+    lines: tuple[bytes, ...] | None
     points: tuple[bytes, ...] | None  # OTLP data points, per family (only when pushing OTLP)
 
 
 class _Segment:
-    __slots__ = ("chunks", "keys", "points")
+    __slots__ = ("bounds", "built", "chunks", "keys", "points", "stale")
 
     def __init__(self, keys: list[str]) -> None:
         self.keys = keys
-        self.chunks: list[Chunk] | None = None  # per family; None when dirty
+        # The last join, per family: the chunk, and the offsets of each entry's lines in it (entry
+        # i of ``built`` spans bounds[i]:bounds[i + 1]). Kept while stale: a re-join takes the
+        # unchanged entries' lines from there.
+        self.chunks: list[Chunk] | None = None
+        self.bounds: list[array[int]] = []
+        self.built: list[str] = []
+        self.stale = True
         # Per family, references to the entries' OTLP points (not copies: a push joins them in C).
         self.points: list[PointGroup] | None = None
 
     def dirty(self) -> None:
-        self.chunks = None
+        self.stale = True
         self.points = None
+
+    def lines_of(self, key: str, index: dict[str, int]) -> tuple[bytes, ...]:
+        """An entry's lines, copied out of the last join."""
+        assert self.chunks is not None
+        i = index[key]
+        return tuple(c.data[b[i] : b[i + 1]] for c, b in zip(self.chunks, self.bounds, strict=True))
 
 
 _gc_lock = threading.Lock()
@@ -92,33 +114,38 @@ def object_key(obj: dict[str, Any]) -> str:
 # parse(raw object, report) -> slim object. ``report`` is called for each non-fatal problem.
 Parser = Callable[[dict[str, Any], Callable[[str], None]], T]
 
+# (key, old slim object, new slim object, owned): what a listener hears about each change. ``None``
+# stands for "absent" (not there before, deleted, or unparseable). ``owned`` says whether this
+# replica renders the object's series (sharding); listeners hear about every object either way.
+Change = tuple[str, T | None, T | None, bool]
+Listener = Callable[[list[Change[T]]], None]
+
 
 def _keep_all(obj: dict[str, Any]) -> bool:
     return True
 
 
-class ObjectStore(Generic[T]):
-    """Thread-safe store for one resource. The reflector writes, scrapes and exports read.
+def _ignore(problem: str) -> None:
+    pass
 
-    ``keep`` selects the objects this store holds (sharding); others are ignored.
+
+class SeriesStore(Generic[T]):
+    """Keyed values and their rendered series, in key order, split into segments.
+
+    One writer thread; scrapes and exports read concurrently. A value is rendered once, when it is
+    put; a read joins the stored bytes per segment, re-joining only segments changed since.
     """
 
     def __init__(
         self,
         resource: str,
-        parse: Parser[T],
         families: Sequence[Family[T]],
         *,
-        on_problem: Callable[[str], None] | None = None,
-        keep: Callable[[dict[str, Any]], bool] = _keep_all,
         segment_size: int = SEGMENT,
         otlp: bool = False,
     ) -> None:
         self.resource = resource
         self.families = tuple(families)
-        self._parse = parse
-        self._on_problem = on_problem
-        self._keep = keep
         self._segment_size = segment_size
         self._encoders = tuple(PointEncoder(f.gauge.labels) for f in self.families) if otlp else None
         self._headers = tuple(MetricHeader(f.gauge.name, f.gauge.description, f.gauge.unit) for f in self.families)
@@ -127,86 +154,164 @@ class ObjectStore(Generic[T]):
         self._segments: list[_Segment] = []
         self._firsts: list[str] = []  # first key of each segment, for bisect
 
-    # --- writes (reflector thread) ---------------------------------------------------------
-    def _build(self, key: str, obj: dict[str, Any]) -> _Entry[T]:
-        rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
-
-        def report(problem: str) -> None:
-            log.warning("%s %s: %s", self.resource, key, problem)
-            if self._on_problem is not None:
-                self._on_problem(self.resource)
-
+    def _render(self, rv: str, value: T, report: Callable[[str], None]) -> _Entry[T]:
         try:
-            slim = self._parse(obj, report)
-            samples = [list(fam.samples(slim)) for fam in self.families]
+            samples = [list(fam.samples(value)) for fam in self.families]
             lines = tuple(fam.gauge.render(s) for fam, s in zip(self.families, samples, strict=True))
             points = None
             if self._encoders is not None:
                 points = tuple(enc.encode(s) for enc, s in zip(self._encoders, samples, strict=True))
-            return _Entry(rv, slim, lines, points)
+            return _Entry(rv, value, lines, points)
         except Exception as exc:  # one malformed object must never break the others
             report(f"malformed object, its series are omitted: {exc}")
-            empty = tuple(b"" for _ in self.families)
-            return _Entry(rv, None, empty, empty if self._encoders is not None else None)
+            return self._empty(rv)
 
-    def upsert(self, obj: dict[str, Any]) -> None:
-        if not self._keep(obj):
+    def _empty(self, rv: str) -> _Entry[T]:
+        empty = tuple(b"" for _ in self.families)
+        return _Entry(rv, None, empty, empty if self._encoders is not None else None)
+
+    def _logger(self, key: str) -> Callable[[str], None]:
+        def report(problem: str) -> None:
+            log.warning("%s %s: %s", self.resource, key, problem)
+
+        return report
+
+    # --- writes of derived values (no parsing, no resourceVersion) -------------------------------
+    def update(self, items: Iterable[tuple[str, T | None]]) -> None:
+        """Put (a value) or remove (None) several keys. A value equal to the stored one is
+        skipped, so its segment stays clean."""
+        rendered: list[tuple[str, _Entry[T] | None]] = []
+        entries = self._entries  # only the writer thread changes it
+        for key, value in items:
+            current = entries.get(key)
+            if value is None:
+                if current is not None:
+                    rendered.append((key, None))
+            elif current is None or current.obj != value:
+                rendered.append((key, self._render("", value, self._logger(key))))
+        if not rendered:
             return
-        key = object_key(obj)
-        rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
-        current = self._entries.get(key)
-        # Unchanged objects (a relist, a duplicate event) are neither re-parsed nor re-logged.
-        if current is not None and rv and current.resource_version == rv:
-            return
-        entry = self._build(key, obj)
         with self._lock:
-            if key not in self._entries:
-                self._insert_key(key)
-            else:
-                self._segment_of(key).dirty()
-            self._entries[key] = entry
+            for key, entry in rendered:
+                if entry is None:
+                    self._drop(key)
+                else:
+                    self._store(key, entry)
 
-    def delete(self, obj: dict[str, Any]) -> None:
-        key = object_key(obj)
-        with self._lock:
-            if self._entries.pop(key, None) is None:
-                return
-            i = self._segment_index(key)
-            segment = self._segments[i]
-            segment.keys.pop(bisect.bisect_left(segment.keys, key))
-            segment.dirty()
-            if not segment.keys:
-                del self._segments[i]
-                del self._firsts[i]
-            else:
-                self._firsts[i] = segment.keys[0]
+    def put(self, key: str, value: T) -> None:
+        self.update([(key, value)])
 
-    def replace(self, objects: Iterable[dict[str, Any]]) -> None:
-        """Swap in a full list. ``objects`` may be a lazy iterator (page by page); if it raises,
-        the store is left as it was."""
-        fresh: dict[str, _Entry[T]] = {}
-        old = self._entries  # only this thread writes; reading without the lock is safe
-        with _gc_paused():
-            self._fill(fresh, old, objects)
+    def remove(self, key: str) -> None:
+        self.update([(key, None)])
+
+    def get(self, key: str) -> T | None:
+        entry = self._entries.get(key)
+        return entry.obj if entry is not None else None
+
+    # --- entry bookkeeping (callers hold the lock) -----------------------------------------------
+    def _store(self, key: str, entry: _Entry[T]) -> None:
+        if key not in self._entries:
+            self._insert_key(key)
+        else:
+            self._segment_of(key).dirty()
+        self._entries[key] = entry
+
+    def _drop(self, key: str) -> bool:
+        if self._entries.pop(key, None) is None:
+            return False
+        i = self._segment_index(key)
+        segment = self._segments[i]
+        segment.keys.pop(bisect.bisect_left(segment.keys, key))
+        segment.dirty()
+        if not segment.keys:
+            del self._segments[i]
+            del self._firsts[i]
+        else:
+            self._firsts[i] = segment.keys[0]
+        return True
+
+    def _swap(self, fresh: dict[str, _Entry[T]]) -> None:
         keys = sorted(fresh)
         size = self._segment_size
         segments = [_Segment(keys[i : i + size]) for i in range(0, len(keys), size)]
         with self._lock:
+            # Entries carried over from the old segments take their lines back before those go.
+            for segment in self._segments:
+                self._materialize(segment, keep=fresh)
             self._entries = fresh
             self._segments = segments
             self._firsts = [s.keys[0] for s in segments]
+            # Join now rather than at the next scrape: the entries' lines are freed before the
+            # joins of this relist allocate, which reuse that memory (a lower peak).
+            for segment in segments:
+                self._join(segment)
 
-    def _fill(self, fresh: dict[str, _Entry[T]], old: dict[str, _Entry[T]], objects: Iterable[dict[str, Any]]) -> None:
-        for obj in objects:
-            if not self._keep(obj):
+    def _materialize(self, segment: _Segment, keep: dict[str, _Entry[T]] | None = None) -> None:
+        """Give the segment's entries (those in ``keep``, if given) their own lines again, before
+        the segment is split or replaced."""
+        if segment.chunks is None:
+            return
+        index = {k: i for i, k in enumerate(segment.built)}
+        entries = self._entries
+        for key in segment.built:
+            entry = entries.get(key)
+            if entry is None or entry.lines is not None:
                 continue
-            key = object_key(obj)
-            rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
-            current = old.get(key)
-            if current is not None and rv and current.resource_version == rv:
-                fresh[key] = current
+            if keep is not None and keep.get(key) is not entry:
+                continue
+            entry.lines = segment.lines_of(key, index)
+
+    def _join(self, segment: _Segment) -> list[Chunk]:
+        """Re-join a stale segment (callers hold the lock). Unchanged entries are taken from the
+        previous chunks as runs of consecutive lines (zero-copy views until the final join), so the
+        Python work grows with the number of changed entries, not with the segment's size. A
+        family whose bytes did not change keeps its chunk, and so its cached gzip member."""
+        entries = self._entries
+        old = segment.chunks
+        index = {k: i for i, k in enumerate(segment.built)} if old is not None else {}
+        # The plan, shared by all families: an entry's own lines (a tuple), or a run [first, last]
+        # of consecutive entries of the previous join (a list).
+        plan: list[Any] = []
+        previous = -2
+        for key in segment.keys:
+            lines = entries[key].lines
+            if lines is not None:
+                plan.append(lines)
+                previous = -2
+                continue
+            i = index[key]
+            if i == previous + 1:
+                plan[-1][1] = i
             else:
-                fresh[key] = self._build(key, obj)
+                plan.append([i, i])
+            previous = i
+        chunks: list[Chunk] = []
+        bounds: list[array[int]] = []
+        for f in range(len(self.families)):
+            parts: list[bytes | memoryview] = []
+            offsets = array("I", [0])  # 4 bytes each: a segment chunk stays far below 4 GiB
+            total = 0
+            view = memoryview(old[f].data) if old is not None else memoryview(b"")
+            was = segment.bounds[f] if old is not None else offsets
+            for item in plan:
+                if isinstance(item, tuple):
+                    part = item[f]
+                    parts.append(part)
+                    total += len(part)
+                    offsets.append(total)
+                else:
+                    first, last = item
+                    start, end = was[first], was[last + 1]
+                    parts.append(view[start:end])
+                    offsets.extend(map((total - start).__add__, was[first + 1 : last + 2]))
+                    total += end - start
+            data = b"".join(parts)
+            chunks.append(old[f] if old is not None and old[f].data == data else Chunk(data))
+            bounds.append(offsets)
+        for key in segment.keys:
+            entries[key].lines = None
+        segment.chunks, segment.bounds, segment.built, segment.stale = chunks, bounds, list(segment.keys), False
+        return chunks
 
     # --- segment index (callers hold the lock) ------------------------------------------------
     def _segment_index(self, key: str) -> int:
@@ -226,6 +331,8 @@ class ObjectStore(Generic[T]):
         segment.dirty()
         self._firsts[i] = segment.keys[0]
         if len(segment.keys) >= 2 * self._segment_size:
+            self._materialize(segment)  # its last join does not describe the halves
+            segment.chunks = None
             half = len(segment.keys) // 2
             tail = _Segment(segment.keys[half:])
             segment.keys = segment.keys[:half]
@@ -265,15 +372,165 @@ class ObjectStore(Generic[T]):
     def blocks(self) -> list[tuple[GaugeFamily, list[Chunk]]]:
         """Each family's exposition, as one chunk per segment, ordered by object key."""
         with self._lock:
-            entries = self._entries
             per_family: list[list[Chunk]] = [[] for _ in self.families]
             for segment in self._segments:
                 chunks = segment.chunks
-                if chunks is None:
-                    rows = [entries[k].lines for k in segment.keys]
-                    chunks = segment.chunks = [
-                        Chunk(b"".join(row[i] for row in rows)) for i in range(len(self.families))
-                    ]
+                if segment.stale or chunks is None:
+                    chunks = self._join(segment)
                 for i, chunk in enumerate(chunks):
                     per_family[i].append(chunk)
             return [(fam.gauge, per_family[i]) for i, fam in enumerate(self.families)]
+
+
+class ObjectStore(SeriesStore[T]):
+    """The store of one watched resource. The reflector writes; scrapes and exports read.
+
+    ``keep`` selects the objects whose series this replica renders (sharding). With a
+    ``listener``, the others are parsed too (and kept slim, without series) so that the listener
+    hears about every object; without one they are ignored.
+    """
+
+    def __init__(
+        self,
+        resource: str,
+        parse: Parser[T],
+        families: Sequence[Family[T]],
+        *,
+        on_problem: Callable[[str], None] | None = None,
+        keep: Callable[[dict[str, Any]], bool] = _keep_all,
+        segment_size: int = SEGMENT,
+        otlp: bool = False,
+        listener: Listener[T] | None = None,
+    ) -> None:
+        super().__init__(resource, families, segment_size=segment_size, otlp=otlp)
+        self._parse = parse
+        self._on_problem = on_problem
+        self._keep = keep
+        self._listener = listener
+        # Objects of other shards, for the listener: key -> (resourceVersion, slim object).
+        self._others: dict[str, tuple[str, T | None]] = {}
+
+    # --- writes (reflector thread) ---------------------------------------------------------
+    def _reporter(self, key: str) -> Callable[[str], None]:
+        def report(problem: str) -> None:
+            log.warning("%s %s: %s", self.resource, key, problem)
+            if self._on_problem is not None:
+                self._on_problem(self.resource)
+
+        return report
+
+    def _build(self, key: str, obj: dict[str, Any]) -> _Entry[T]:
+        rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+        report = self._reporter(key)
+        try:
+            slim = self._parse(obj, report)
+        except Exception as exc:  # one malformed object must never break the others
+            report(f"malformed object, its series are omitted: {exc}")
+            return self._empty(rv)
+        return self._render(rv, slim, report)
+
+    def _parse_other(self, obj: dict[str, Any]) -> T | None:
+        """Another shard's object: parsed for the listener, problems left to that shard to report."""
+        try:
+            return self._parse(obj, _ignore)
+        except Exception:
+            return None
+
+    def _old(self, key: str) -> tuple[str, T | None] | None:
+        current = self._entries.get(key)
+        if current is not None:
+            return current.resource_version, current.obj
+        return self._others.get(key)
+
+    def upsert(self, obj: dict[str, Any]) -> None:
+        owned = self._keep(obj)
+        if not owned and self._listener is None:
+            return
+        key = object_key(obj)
+        rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+        old = self._old(key)
+        # Unchanged objects (a relist, a duplicate event) are neither re-parsed nor re-logged.
+        if old is not None and rv and old[0] == rv:
+            return
+        new: T | None
+        if owned:
+            entry = self._build(key, obj)
+            new = entry.obj
+            self._others.pop(key, None)
+            with self._lock:
+                self._store(key, entry)
+        else:
+            new = self._parse_other(obj)
+            self._others[key] = (rv, new)
+            if key in self._entries:  # the name was reused by an object of another shard
+                with self._lock:
+                    self._drop(key)
+        if self._listener is not None:
+            self._listener([(key, old[1] if old else None, new, owned)])
+
+    def delete(self, obj: dict[str, Any]) -> None:
+        key = object_key(obj)
+        old = self._old(key)
+        if old is None:
+            return
+        owned = key in self._entries
+        if owned:
+            with self._lock:
+                self._drop(key)
+        else:
+            del self._others[key]
+        if self._listener is not None:
+            self._listener([(key, old[1], None, owned)])
+
+    def replace(self, objects: Iterable[dict[str, Any]]) -> None:
+        """Swap in a full list. ``objects`` may be a lazy iterator (page by page); if it raises,
+        the store is left as it was."""
+        fresh: dict[str, _Entry[T]] = {}
+        others: dict[str, tuple[str, T | None]] = {}
+        changes: list[Change[T]] = []
+        with _gc_paused():
+            self._fill(fresh, others, changes, objects)
+        if self._listener is not None:
+            for key, entry in self._entries.items():
+                if key not in fresh and key not in others:
+                    changes.append((key, entry.obj, None, True))
+            for key, (_rv, slim) in self._others.items():
+                if key not in fresh and key not in others:
+                    changes.append((key, slim, None, False))
+        self._others = others
+        self._swap(fresh)
+        if self._listener is not None and changes:
+            with _gc_paused():  # a relist's joins allocate as much as its entries did
+                self._listener(changes)
+
+    def _fill(
+        self,
+        fresh: dict[str, _Entry[T]],
+        others: dict[str, tuple[str, T | None]],
+        changes: list[Change[T]],
+        objects: Iterable[dict[str, Any]],
+    ) -> None:
+        listening = self._listener is not None
+        entries = self._entries  # only this thread writes; reading without the lock is safe
+        for obj in objects:
+            owned = self._keep(obj)
+            if not owned and not listening:
+                continue
+            key = object_key(obj)
+            rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+            old = self._old(key) if listening else None
+            if owned:
+                current = entries.get(key)
+                if current is not None and rv and current.resource_version == rv:
+                    fresh[key] = current
+                    continue
+                entry = fresh[key] = self._build(key, obj)
+                new = entry.obj
+            else:
+                if old is not None and rv and old[0] == rv and key in self._others:
+                    others[key] = old
+                    continue
+                new = self._parse_other(obj)
+                others[key] = (rv, new)
+            if listening:
+                changes.append((key, old[1] if old else None, new, owned))

@@ -10,6 +10,11 @@ Sync state, which gates ``/metrics``: the cache is *synced* once a list has comp
 synced while the watch is healthy. When the watch breaks, the cache still serves what it has for
 ``stale_after`` seconds (a reconnect normally takes milliseconds); past that it is out of sync
 until a watch is established again or a relist succeeds.
+
+An *optional* resource (an alpha API behind a feature gate, say) is found through API discovery
+before each list. When the API server does not serve it, or RBAC does not allow listing or watching
+it, the handler is emptied, the reason is logged once, the cache counts as in sync (it holds,
+correctly, nothing), and discovery is tried again every ``unavailable_retry`` seconds.
 """
 
 from __future__ import annotations
@@ -65,12 +70,17 @@ class _Gone(Exception):
     """Our resourceVersion is too old: relist."""
 
 
+class _Unavailable(Exception):
+    """An optional resource is not served, or not allowed: serve nothing and look again later."""
+
+
 @dataclass
 class SyncState:
     synced: bool
     has_synced: bool
     last_sync: float | None  # wall-clock time of the last list or watch progress
     error: str | None
+    unavailable: str | None = None  # why an optional resource is not being watched
 
 
 class Reflector:
@@ -87,10 +97,17 @@ class Reflector:
         backoff: tuple[float, float] = (0.5, 30.0),
         clock: Callable[[], float] = time.monotonic,
         field_selector: str = "",
+        discover: Callable[[KubeClient], ResourceType | None] | None = None,
+        unavailable_retry: float = 300.0,
     ) -> None:
+        """``discover`` makes the resource optional (see the module notes): it returns where the
+        resource is served (its group version may differ between clusters), or None."""
         self.client = client
         self.field_selector = field_selector  # e.g. "spec.nodeName=node-1": list and watch alike
         self.resource = resource
+        self.discover = discover
+        self.unavailable_retry = unavailable_retry
+        self._unavailable: str | None = None
         self.handler = handler
         self.events = events
         self.page_size = page_size
@@ -114,7 +131,7 @@ class Reflector:
             synced = self._has_synced and (
                 self._broken_since is None or self._clock() - self._broken_since < self.stale_after
             )
-            return SyncState(synced, self._has_synced, self._last_sync_wall, self._error)
+            return SyncState(synced, self._has_synced, self._last_sync_wall, self._error, self._unavailable)
 
     def _progress(self, listed: bool = False) -> None:
         with self._lock:
@@ -123,8 +140,28 @@ class Reflector:
             self._last_sync_wall = time.time()
             if self._error is not None:
                 log.info("%s: recovered", self.resource.plural)
+            if self._unavailable is not None and listed:
+                log.info("%s: now served at %s, watching it", self.resource.plural, self.resource.group_version)
+                self._unavailable = None
             self._error = None
             self._logged_error = None
+
+    def _set_unavailable(self, reason: str) -> None:
+        self.handler.replace(())
+        with self._lock:
+            self._has_synced = True
+            self._broken_since = None
+            self._error = None
+            self._logged_error = None
+            repeat = reason == self._unavailable
+            self._unavailable = reason
+        if not repeat:
+            log.warning(
+                "%s: %s; its metrics stay empty, everything else is served (looking again every %.0f s)",
+                self.resource.plural,
+                reason,
+                self.unavailable_retry,
+            )
 
     def _failed(self, message: str) -> None:
         with self._lock:
@@ -174,6 +211,12 @@ class Reflector:
                 log.info("%s: resourceVersion %s expired, relisting", self.resource.plural, resource_version)
                 resource_version, relist_reason = None, "expired"
                 continue
+            except _Unavailable as exc:
+                self._set_unavailable(str(exc))
+                resource_version, relist_reason = None, "initial"
+                delay = self.backoff[0]
+                self._stop.wait(self.unavailable_retry)
+                continue
             except ApiError as exc:
                 if self._stop.is_set():
                     break
@@ -187,6 +230,18 @@ class Reflector:
             # Full jitter: spreads reconnects of many replicas after an API server restart.
             self._stop.wait(random.uniform(0, delay))
             delay = min(delay * 2, self.backoff[1])
+
+    def _optional_error(self, exc: ApiError) -> None:
+        """For an optional resource, answers that mean "not for us" become _Unavailable."""
+        if self.discover is None:
+            return
+        if exc.status == 404:
+            raise _Unavailable(f"not served by the API server ({self.resource.group_version})") from exc
+        if exc.status == 403:
+            raise _Unavailable(
+                f"forbidden ({exc.message}); grant list and watch on "
+                f"{self.resource.plural}.{self.resource.group_version.split('/')[0]} to report them"
+            ) from exc
 
     def _describe(self, exc: ApiError) -> str:
         if exc.status == 403:
@@ -206,6 +261,14 @@ class Reflector:
         never held at once); the handler swaps its contents only if the whole list succeeds."""
         resource_version = ""
         count = 0
+        if self.discover is not None:
+            try:
+                found = self.discover(self.client)
+            except ApiError as exc:
+                raise ApiError(exc.status, f"API discovery failed: {exc.message}", exc.body) from exc
+            if found is None:
+                raise _Unavailable("not served by the API server (not found by API discovery)")
+            self.resource = found
 
         def items() -> Iterator[dict[str, Any]]:
             nonlocal resource_version, count
@@ -234,6 +297,7 @@ class Reflector:
             except ApiError as exc:
                 if self.events:
                     self.events.list_error(self.resource.plural, exc.status)
+                self._optional_error(exc)
                 if exc.status == 410:  # the continue token expired mid-list: start over
                     # Logged here: the reason is the list, not an expired watch version.
                     log.info("%s: list continuation expired (410), listing again", self.resource.plural)
@@ -266,6 +330,7 @@ class Reflector:
         except ApiError as exc:
             if self.events:
                 self.events.watch_error(self.resource.plural, exc.status)
+            self._optional_error(exc)
             if exc.status == 410:
                 raise _Gone() from exc
             raise ApiError(exc.status, f"watch failed: {exc.message}", exc.body) from exc

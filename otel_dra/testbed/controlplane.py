@@ -39,10 +39,24 @@ CONTROLLER_MANAGER = "kube-controller-manager"
 COMPONENTS = (ETCD, APISERVER, SCHEDULER, CONTROLLER_MANAGER)
 
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
-# Alpha DRA features whose fields the project's sample objects use (otel_dra/fixtures/sample.yaml):
-# without DRAPartitionableDevices the API server drops `perDeviceNodeSelection` from ResourceSlices
-# and then rejects them. The exporter must handle every v1 shape, so the testbed accepts them.
-DEFAULT_FEATURE_GATES: Mapping[str, bool] = {"DRAPartitionableDevices": True}
+# Alpha DRA features whose fields the exporter reads: without them the API server drops the fields
+# (and may then reject the object, e.g. a slice without `perDeviceNodeSelection`). The exporter must
+# handle every v1 shape, so the testbed accepts them:
+# - DRAPartitionableDevices: perDeviceNodeSelection, sharedCounters, consumesCounters;
+# - DRADeviceTaints: device taints in slices, DeviceTaintRule (served only with
+#   DEVICE_TAINT_RULE_API; the scheduler then watches DeviceTaintRules, see `up`);
+# - DRAConsumableCapacity: allowMultipleAllocations, requestPolicy, consumedCapacity, shareID;
+# - DRADeviceBindingConditions: status.allocation.allocationTimestamp (set by the scheduler);
+# - DRAExtendedResource: DeviceClass spec.extendedResourceName.
+DEFAULT_FEATURE_GATES: Mapping[str, bool] = {
+    "DRAPartitionableDevices": True,
+    "DRADeviceTaints": True,
+    "DRAConsumableCapacity": True,
+    "DRADeviceBindingConditions": True,
+    "DRAExtendedResource": True,
+}
+# The alpha API version that serves DeviceTaintRules in Kubernetes 1.34.
+DEVICE_TAINT_RULE_API = "resource.k8s.io/v1alpha3"
 ADMIN_USER = "otel-dra-admin"
 _STATE_VERSION = 1
 _POLL_SECONDS = 0.1
@@ -337,6 +351,10 @@ def up(
     server = f"https://127.0.0.1:{ports['apiserver']}"
     gate_list = ",".join(f"{name}={str(on).lower()}" for name, on in sorted(feature_gates.items()))
     gates = [f"--feature-gates={gate_list}"] if gate_list else []
+    if scheduler and feature_gates.get("DRADeviceTaints") and not any("--runtime-config" in a for a in apiserver_args):
+        # With DRADeviceTaints the scheduler waits for a DeviceTaintRule informer to sync, which
+        # never happens unless the API server serves them.
+        apiserver_args = [*apiserver_args, f"--runtime-config={DEVICE_TAINT_RULE_API}=true"]
     testbed = Testbed(
         dir=dir,
         kubeconfig=dir / "kubeconfig",

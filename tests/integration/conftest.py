@@ -20,9 +20,7 @@ def helm() -> Path:
         return build_helm()
 
 
-@pytest.fixture
-def start_exporter_app() -> Iterator[Callable[..., ExporterApp]]:
-    """Start in-process exporters (on free ports) that are stopped after the test."""
+def _exporter_starter() -> Iterator[Callable[..., ExporterApp]]:
     apps: list[ExporterApp] = []
 
     def start(kubeconfig: str, **kwargs: Any) -> ExporterApp:
@@ -35,6 +33,18 @@ def start_exporter_app() -> Iterator[Callable[..., ExporterApp]]:
     yield start
     for app in apps:
         app.stop()
+
+
+@pytest.fixture
+def start_exporter_app() -> Iterator[Callable[..., ExporterApp]]:
+    """Start in-process exporters (on free ports) that are stopped after the test."""
+    yield from _exporter_starter()
+
+
+@pytest.fixture(scope="module")
+def start_exporter_app_module() -> Iterator[Callable[..., ExporterApp]]:
+    """As start_exporter_app, for module-scoped fixtures: stopped after the module."""
+    yield from _exporter_starter()
 
 
 @pytest.fixture(scope="session")

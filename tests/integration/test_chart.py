@@ -203,7 +203,13 @@ def test_monitors_rules_networkpolicy_pdb(helm):
     [sm] = kinds["ServiceMonitor"]
     assert sm["spec"]["endpoints"][0]["port"] == "http"
     [rule] = kinds["PrometheusRule"]
-    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    records = {r["record"] for g in rule["spec"]["groups"] for r in g["rules"] if "record" in r}
+    assert records == {
+        "namespace:kube_resourceclaim_hourly_cost:sum",
+        "deviceclass:kube_resourceclaim_hourly_cost:sum",
+        "namespace:kube_resourceclaim_unpriced_devices:sum",
+    }
     assert alerts == {
         "OtelDraExporterNotSynced",
         "DRADriverPrepareErrors",
@@ -275,11 +281,13 @@ def test_alert_rules_pass_promtool(helm, tmp_path):
     assert promtool, "promtool is needed (Debian package `prometheus`; .ci/run installs it)"
     [rule] = _render_with(helm, "prometheusRule.enabled=true")["PrometheusRule"]
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule["spec"]))
-    shutil.copy(Path(__file__).parents[1] / "promtool" / "alerts_test.yaml", tmp_path / "alerts_test.yaml")
     check = subprocess.run([promtool, "check", "rules", "rules.yaml"], cwd=tmp_path, capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
-    test = subprocess.run([promtool, "test", "rules", "alerts_test.yaml"], cwd=tmp_path, capture_output=True, text=True)
-    assert test.returncode == 0, test.stdout + test.stderr
+    # The alerts, and the recording rules for cost attribution.
+    for name in ("alerts_test.yaml", "recording_test.yaml"):
+        shutil.copy(Path(__file__).parents[1] / "promtool" / name, tmp_path / name)
+        test = subprocess.run([promtool, "test", "rules", name], cwd=tmp_path, capture_output=True, text=True)
+        assert test.returncode == 0, name + ": " + test.stdout + test.stderr
 
 
 def test_plain_manifests_match_the_chart(helm):

@@ -7,7 +7,7 @@ from pathlib import Path
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader, Sum
 
-from otel_dra.cluster import deviceclass, resourceclaim, resourceslice
+from otel_dra.cluster import deviceclass, devicetaintrule, joins, resourceclaim, resourceslice
 from otel_dra.cluster.exporter import ClusterState
 from otel_dra.kube.client import RequestRecord
 from otel_dra.plugin import driver as plugin_driver
@@ -31,20 +31,26 @@ def _fmt_labels(labels) -> str:
     return ", ".join(labels)
 
 
+def _state_families():
+    for module in (resourceclaim, resourceslice, deviceclass, devicetaintrule):
+        yield from module.FAMILIES
+        yield from module.STATE_FAMILIES
+    yield from joins.ALL_FAMILIES
+
+
 def test_state_families_documented():
     rows = _table_rows()
-    for module in (resourceclaim, resourceslice, deviceclass):
-        for fam in module.FAMILIES:
-            g = fam.gauge
-            assert fam.gauge.name in rows, f"{g.name} missing from docs/metrics.md"
-            _otel, unit, prom, kind, labels, stability, _ = rows.pop(g.name)
-            assert (unit, prom, kind, labels, stability) == (
-                g.unit,
-                fam.prom_name,
-                "gauge",
-                _fmt_labels(g.labels),
-                fam.stability,
-            )
+    for fam in _state_families():
+        g = fam.gauge
+        assert fam.gauge.name in rows, f"{g.name} missing from docs/metrics.md"
+        _otel, unit, prom, kind, labels, stability, _ = rows.pop(g.name)
+        assert (unit, prom, kind, labels, stability) == (
+            g.unit,
+            fam.prom_name,
+            "gauge",
+            _fmt_labels(g.labels),
+            fam.stability,
+        ), g.name
     assert all(not name.startswith("kube_") for name in rows), f"documented but not exported: {sorted(rows)}"
 
 

@@ -110,6 +110,15 @@ def test_invalid_flags_and_env_fail_clearly(monkeypatch, capsys):
         main(["exporter", "--stale-after", "never"])
     assert exc.value.code == 2
     assert "never" in capsys.readouterr().err
+    monkeypatch.setenv("OTEL_DRA_DEVICE_ATTRIBUTES", "productName,not an attribute")
+    assert main(["exporter"]) == 2
+    err = capsys.readouterr().err
+    assert "OTEL_DRA_DEVICE_ATTRIBUTES" in err and "'not an attribute' is not a device attribute name" in err
+    monkeypatch.delenv("OTEL_DRA_DEVICE_ATTRIBUTES")
+    with pytest.raises(SystemExit) as exc:
+        main(["exporter", "--leak-grace-period", "-5"])
+    assert exc.value.code == 2
+    assert "-5" in capsys.readouterr().err
 
 
 def test_missing_credentials_fail_clearly(monkeypatch, tmp_path, capsys):

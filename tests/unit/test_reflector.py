@@ -144,3 +144,51 @@ def test_errors_back_off_and_are_reported_and_mark_state():
     assert ("list_error", 403) in events.seen and ("watch_error", 500) in events.seen
     state = reflector.state()
     assert state.has_synced and state.error is not None
+
+
+def test_optional_resource_not_served_or_forbidden_is_logged_once_and_counts_as_synced(caplog):
+    import logging
+    import time
+
+    found = ResourceType("devicetaintrules", "resource.k8s.io/v1alpha3")
+    answers = [None, None, found, found]  # not served twice, then served; then a 403 on list
+    page = {"metadata": {"resourceVersion": "3"}, "items": [_obj("rule", "2")]}
+    done = threading.Event()
+    client = _Client(
+        [page] + [ApiError(403, "Forbidden")] * 20,
+        [[{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "4"}}}], ApiError(410, "Gone")],
+        done,
+    )
+    handler, states = _Handler(), []
+    handler.objects = {"stale": _obj("stale", "1")}
+
+    def discover(c):
+        states.append(reflector.state())
+        return answers.pop(0) if answers else found
+
+    reflector = Reflector(
+        client,
+        found,
+        handler,
+        backoff=(0.001, 0.002),
+        discover=discover,
+        unavailable_retry=0.01,
+    )
+    with caplog.at_level(logging.WARNING, logger="otel_dra.kube.reflector"):
+        thread = threading.Thread(target=reflector.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 5
+        while len(states) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        reflector.stop()
+    messages = [r.getMessage() for r in caplog.records]
+    # Not served: emptied, in sync, logged once for two attempts.
+    assert states[1].synced and states[1].unavailable and "not served" in states[1].unavailable
+    assert sum("not served" in m for m in messages) == 1
+    # Then served: listed, watched (the bookmark), until a 410 relists and the list is forbidden.
+    assert any(kind == "watch" for kind, _ in client.calls)
+    assert states[3].unavailable is None and states[3].has_synced
+    assert sum("forbidden" in m for m in messages) == 1
+    final = reflector.state()
+    assert final.synced and final.unavailable and "grant list and watch" in final.unavailable
+    assert handler.objects == {}  # nothing stale is served

@@ -1,0 +1,241 @@
+"""Golden expositions of the families beyond the seed, from a real API server where the real
+kube-scheduler allocates the claims (tests/golden/state_objects.yaml, one golden file per case).
+
+Regenerate with UPDATE_GOLDEN=1, then read the diff: every value in these files was checked by hand
+against the objects (see the comments in state_objects.yaml).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from otel_dra.fixtures import create, object_path
+from otel_dra.kube.client import ApiError
+from tests.helpers import claim_pod, parse_samples, ready_node, scrape, state_families, wait_until
+
+GOLDEN = Path(__file__).parent.parent / "golden"
+OBJECTS = [doc for doc in yaml.safe_load_all((GOLDEN / "state_objects.yaml").read_text()) if doc]
+NODES = ("gold-part", "gold-gen", "gold-cost", "gold-admin", "gold-taint")
+LEAK_GRACE = 2.0
+
+
+@dataclass(frozen=True)
+class Case:
+    namespaces: frozenset[str]
+    drivers: frozenset[str]
+    classes: frozenset[str] = field(default_factory=frozenset)
+    rules: frozenset[str] = field(default_factory=frozenset)
+
+    def owns(self, labels: dict[str, str]) -> bool:
+        return (
+            labels.get("namespace") in self.namespaces
+            or labels.get("driver") in self.drivers
+            or labels.get("deviceclass_name") in self.classes
+            or labels.get("devicetaintrule_name") in self.rules
+        )
+
+
+def _case(namespace: str, *drivers: str, classes: tuple[str, ...] = (), rules: tuple[str, ...] = ()) -> Case:
+    return Case(frozenset({namespace}), frozenset(drivers), frozenset(classes or drivers), frozenset(rules))
+
+
+CASES = {
+    "partitionable": _case("gold-part", "part.example.com", "share.example.com"),
+    "generations": _case("gold-gen", "gen.example.com"),
+    "cost": _case(
+        "gold-cost",
+        "cost.example.com",
+        classes=(
+            "cost-big.example.com",
+            "cost-small.example.com",
+            "cost-nocost.example.com",
+            "cost-bad.example.com",
+            "cost-gone.example.com",
+        ),
+    ),
+    "admin_access": _case("gold-admin", "admin.example.com"),
+    "leaked": _case("gold-leak", "leak.example.com"),
+    "taint": _case("gold-taint", "taint.example.com", rules=("gold-taint-drain",)),
+}
+
+# Series whose value is the wall-clock time of the run are checked against the run's time window
+# and shown as a placeholder.
+_TIMES = {"kube_resourceclaim_created_timestamp_seconds", "kube_resourceclaim_allocation_timestamp_seconds"}
+
+
+def _pods() -> list[dict[str, Any]]:
+    """One pod per claim that has no written status: the scheduler allocates those."""
+    return [
+        claim_pod(f"{o['metadata']['name']}-pod", o["metadata"]["namespace"], o["metadata"]["name"])
+        for o in OBJECTS
+        if o["kind"] == "ResourceClaim" and "status" not in o
+    ]
+
+
+def _create(client: Any, obj: dict[str, Any]) -> None:
+    try:
+        create(client, obj)
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+
+
+def _allocated_and_reserved(client: Any, namespace: str, name: str) -> dict[str, Any] | None:
+    claim = client.get_json(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}")
+    status = claim.get("status") or {}
+    return claim if status.get("allocation") and status.get("reservedFor") else None
+
+
+@pytest.fixture(scope="module")
+def golden_scrape(testbed_sched, start_exporter_app_module):
+    from otel_dra.kube.client import KubeClient, load_credentials
+
+    client = KubeClient(load_credentials(str(testbed_sched.kubeconfig)))
+    started = time.time()
+    for node in NODES:
+        ready_node(client, node)
+    for obj in OBJECTS:
+        _create(client, obj)
+    for pod in _pods():
+        _create(client, pod)
+    claims = {}
+    for pod in _pods():
+        ns, name = pod["metadata"]["namespace"], pod["spec"]["resourceClaims"][0]["resourceClaimName"]
+        claims[name] = wait_until(
+            lambda ns=ns, name=name: _allocated_and_reserved(client, ns, name),
+            timeout=60,
+            what=f"the scheduler to allocate {ns}/{name}",
+        )
+    # The class of an allocated claim goes away: its devices cannot be priced any more.
+    client.request("DELETE", "/apis/resource.k8s.io/v1/deviceclasses/cost-gone.example.com")
+    # The driver reports the health of the device it prepared.
+    health = claims["health"]
+    (result,) = health["status"]["allocation"]["devices"]["results"]
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    health["status"]["devices"] = [
+        {
+            "driver": result["driver"],
+            "pool": result["pool"],
+            "device": result["device"],
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "Prepared", "message": "", "lastTransitionTime": now},
+                {
+                    "type": "Healthy",
+                    "status": "False",
+                    "reason": "XidError",
+                    "message": "Xid 79",
+                    "lastTransitionTime": now,
+                },
+            ],
+        }
+    ]
+    client.send_json("PUT", object_path({**health, "kind": "ResourceClaim"}) + "/status", health)
+
+    app = start_exporter_app_module(str(testbed_sched.kubeconfig), leak_grace=LEAK_GRACE)
+    wait_until(lambda: app.state.not_synced() is None, what="caches to sync")
+    families = set(state_families())
+
+    def settled() -> str | None:
+        code, text = scrape(app.port)
+        assert code == 200
+        ours = "\n".join(line for line in text.splitlines() if line.split("{")[0] in families)
+        done = 'kube_resourceclaim_leaked{namespace="gold-leak",resourceclaim_name="stuck"}' in ours
+        return text if done and 'reason="class_not_found"' in ours and 'condition="Healthy"' in ours else None
+
+    text = wait_until(settled, timeout=30, what="the exporter to show the final state")
+    yield text, started, time.time()
+    for pod in _pods():
+        with contextlib.suppress(ApiError):
+            path = f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods/{pod['metadata']['name']}"
+            client.request("DELETE", path, query={"gracePeriodSeconds": 0})
+    for obj in reversed(OBJECTS):
+        if obj["kind"] != "ResourceClaim":
+            with contextlib.suppress(ApiError):
+                client.request("DELETE", object_path(obj))
+
+
+def _exposition(text: str, case: Case, window: tuple[float, float]) -> str:
+    """The case's series of the new families, in served order, with run-time timestamps masked."""
+    families = state_families()
+    out: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            name = line.split()[2]
+            if name in families:
+                out.append(line)
+            continue
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("{")[0].split(" ")[0]
+        if name not in families:
+            continue
+        [(_, labels, value)] = parse_samples(line)
+        if not case.owns(labels):
+            continue
+        if name in _TIMES and window[0] - 5 <= value <= window[1] + 5:
+            line = line.rsplit(" ", 1)[0] + " <time of this run>"
+        out.append(line)
+    # Keep a family's TYPE line only when the case has samples of it.
+    kept = [
+        line
+        for i, line in enumerate(out)
+        if not line.startswith("#") or (i + 1 < len(out) and not out[i + 1].startswith("#"))
+    ]
+    return "\n".join(kept) + "\n"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_golden(golden_scrape, case):
+    text, started, ended = golden_scrape
+    got = _exposition(text, CASES[case], (started, ended))
+    path = GOLDEN / f"state_{case}.prom"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(got)
+    assert got == path.read_text()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_otlp_has_the_same_series_as_prometheus(
+    golden_scrape, testbed_sched, start_exporter_app, monkeypatch, protocol
+):
+    """Every family beyond the seed, over OTLP (pre-encoded points) and Prometheus, on the state above."""
+    from tests.otlp_receiver import OtlpReceiver
+
+    receiver = OtlpReceiver().start()
+    try:
+        port = receiver.grpc_port if protocol == "grpc" else receiver.http_port
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+        monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "500")
+        app = start_exporter_app(str(testbed_sched.kubeconfig), leak_grace=LEAK_GRACE)
+        wait_until(lambda: app.state.not_synced() is None, what="sync")
+        families = state_families()  # Prometheus name -> OTel name
+
+        def compare() -> tuple[bool, list[Any]]:
+            points = receiver.metric_points()
+            _code, text = scrape(app.port)
+            prom = {(n, tuple(sorted(lbl.items())), v) for n, lbl, v in parse_samples(text) if n in families}
+            pushed = {
+                (prom_name, tuple(sorted(a.items())), v)
+                for prom_name, otel in families.items()
+                for a, v in points.get(otel, [])
+            }
+            return pushed == prom, sorted(prom ^ pushed)[:10]
+
+        wait_until(lambda: compare()[0], timeout=20, what="OTLP == Prometheus")
+        ok, diff = compare()
+        assert ok, diff
+        # The state above has series of every family, and each went over OTLP.
+        points = receiver.metric_points()
+        assert {otel for otel in families.values() if points.get(otel)} == set(families.values())
+        app.stop()
+    finally:
+        receiver.stop()

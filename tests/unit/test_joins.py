@@ -1,0 +1,531 @@
+"""The joins (otel_dra/cluster/joins.py) without an API server: semantics, incremental upkeep equal to
+a fresh computation, shard union, bounded work per change, the leak clock."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from otel_dra.cluster import deviceclass, devicetaintrule, joins, resourceclaim, resourceslice
+from otel_dra.cluster.joins import Joins
+from otel_dra.cluster.sharding import Shard
+from otel_dra.cluster.store import ObjectStore
+
+RV = iter(range(1, 10**9))
+
+
+def _meta(name: str, namespace: str | None = None, **extra: Any) -> dict[str, Any]:
+    meta = {"name": name, "uid": f"uid-{namespace}-{name}", "resourceVersion": str(next(RV)), **extra}
+    if namespace:
+        meta["namespace"] = namespace
+    return meta
+
+
+def slice_obj(name: str, driver: str, pool: str, devices: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    spec.setdefault("nodeName", "n1")
+    gen = spec.pop("generation", 1)
+    count = spec.pop("count", 1)
+    return {
+        "metadata": _meta(name),
+        "spec": {
+            "driver": driver,
+            "pool": {"name": pool, "generation": gen, "resourceSliceCount": count},
+            "devices": devices,
+            **spec,
+        },
+    }
+
+
+def claim_obj(
+    name: str,
+    results: list[dict[str, Any]] | None = None,
+    *,
+    namespace: str = "ns",
+    requests: list[dict[str, Any]] | None = None,
+    reserved: bool = True,
+    status_time: str | None = None,
+) -> dict[str, Any]:
+    meta = _meta(name, namespace)
+    if status_time:
+        meta["managedFields"] = [
+            {"manager": "kube-scheduler", "operation": "Update", "subresource": "status", "time": status_time},
+            {"manager": "kubectl", "operation": "Update", "time": "2099-01-01T00:00:00Z"},  # not a status write
+        ]
+    obj: dict[str, Any] = {
+        "metadata": meta,
+        "spec": {"devices": {"requests": requests or [{"name": "r", "exactly": {"deviceClassName": "c1"}}]}},
+    }
+    if results is not None:
+        obj["status"] = {"allocation": {"devices": {"results": results}}}
+        if reserved:
+            obj["status"]["reservedFor"] = [{"resource": "pods", "name": "p", "uid": "u"}]
+    return obj
+
+
+def result(device: str, *, driver: str = "d", pool: str = "p", request: str = "r", **extra: Any) -> dict[str, Any]:
+    return {"request": request, "driver": driver, "pool": pool, "device": device, **extra}
+
+
+def class_obj(name: str, cost: str | None = None) -> dict[str, Any]:
+    meta = _meta(name)
+    if cost is not None:
+        meta["annotations"] = {"hourly-cost": cost}
+    return {"metadata": meta, "spec": {}}
+
+
+class World:
+    """Object stores wired to a Joins, as ClusterState wires them."""
+
+    def __init__(
+        self, shard: Shard | None = None, *, grace: float = 60.0, now: list[float] | None = None, otlp: bool = False
+    ) -> None:
+        shard = shard or Shard()
+        self.now = now if now is not None else [1000.0]
+        self.joins = Joins(shard=shard, leak_grace=grace, clock=lambda: self.now[0], segment_size=4, otlp=otlp)
+        self.claims = ObjectStore(
+            "resourceclaims",
+            resourceclaim.parse,
+            resourceclaim.STATE_FAMILIES,
+            keep=shard.owns,
+            listener=self.joins.claims_changed,
+            otlp=otlp,
+        )
+        self.slices = ObjectStore(
+            "resourceslices",
+            resourceslice.parse,
+            resourceslice.STATE_FAMILIES,
+            keep=shard.owns,
+            listener=self.joins.slices_changed,
+            otlp=otlp,
+        )
+        self.classes = ObjectStore(
+            "deviceclasses",
+            deviceclass.parse,
+            deviceclass.STATE_FAMILIES,
+            keep=shard.first_only(),
+            listener=self.joins.classes_changed,
+            otlp=otlp,
+        )
+        self.rules = ObjectStore(
+            "devicetaintrules",
+            devicetaintrule.parse,
+            devicetaintrule.STATE_FAMILIES,
+            keep=shard.first_only(),
+            listener=self.joins.rules_changed,
+            otlp=otlp,
+        )
+        self.by_kind = {"claim": self.claims, "slice": self.slices, "class": self.classes, "rule": self.rules}
+
+    def joined(self) -> dict[str, list[str]]:
+        """Prometheus name -> the joined families' lines."""
+        self.joins.tick()
+        out: dict[str, list[str]] = {}
+        for store in self.joins.stores:
+            for gauge, chunks in store.blocks():
+                out[gauge.prom_name] = b"".join(c.data for c in chunks).decode().splitlines()
+        return out
+
+    def samples(self, name: str) -> dict[str, float]:
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in self.joined()[name]}
+
+
+def _value(world: World, name: str, **labels: str) -> float | None:
+    for series, value in world.samples(name).items():
+        if all(f'{k}="{v}"' in series for k, v in labels.items()):
+            return value
+    return None
+
+
+# --- semantics -------------------------------------------------------------------------------------
+def test_allocation_join_counters_and_free_devices():
+    w = World()
+    counters = [{"name": "gpu", "counters": {"mem": {"value": "80"}, "sm": {"value": "7"}}}]
+
+    def part(name: str, mem: int, sm: int) -> dict[str, Any]:
+        return {
+            "name": name,
+            "consumesCounters": [
+                {"counterSet": "gpu", "counters": {"mem": {"value": str(mem)}, "sm": {"value": str(sm)}}}
+            ],
+        }
+
+    w.slices.upsert(
+        slice_obj(
+            "s1",
+            "d",
+            "p",
+            [part("whole", 80, 7), part("big", 40, 4), part("mid", 40, 3), part("small", 20, 2), {"name": "plain"}],
+            sharedCounters=counters,
+        )
+    )
+    assert _value(w, "kube_resourcepool_devices_free", pool="p") == 5
+    w.claims.upsert(claim_obj("c1", [result("big")]))
+    assert _value(w, "kube_resourceslice_device_allocated", device_name="big") == 1
+    assert _value(w, "kube_resourceslice_device_allocated", device_name="whole") == 0
+    assert _value(w, "kube_resourceslice_counter_set_free", counter="mem") == 40
+    assert _value(w, "kube_resourceslice_counter_set_free", counter="sm") == 3
+    # whole no longer fits; mid, small and plain do.
+    assert (
+        _value(w, "kube_resourcepool_devices", pool="p"),
+        _value(w, "kube_resourcepool_devices_allocated", pool="p"),
+    ) == (5, 1)
+    assert _value(w, "kube_resourcepool_devices_free", pool="p") == 3
+    w.claims.upsert(claim_obj("c2", [result("mid")]))
+    assert _value(w, "kube_resourcepool_devices_free", pool="p") == 1  # only plain: small needs sm 2, 0 left
+    w.claims.delete(claim_obj("c1"))
+    assert _value(w, "kube_resourceslice_counter_set_free", counter="mem") == 40
+    assert _value(w, "kube_resourcepool_devices_free", pool="p") == 3  # big, small, plain
+
+
+def test_admin_access_is_not_consumption():
+    w = World()
+    w.classes.upsert(class_obj("c1", "3"))
+    w.slices.upsert(slice_obj("s1", "d", "p", [{"name": "x"}]))
+    w.claims.upsert(claim_obj("watcher", [result("x", adminAccess=True)]))
+    assert _value(w, "kube_resourceslice_device_allocated", device_name="x") == 0
+    assert _value(w, "kube_resourcepool_devices_free", pool="p") == 1
+    assert w.samples("kube_resourceclaim_hourly_cost") == {}
+    w.claims.upsert(claim_obj("user", [result("x")]))
+    assert _value(w, "kube_resourceslice_device_allocated", device_name="x") == 1
+    assert list(w.samples("kube_resourceclaim_hourly_cost").values()) == [3.0]
+
+
+def test_multi_allocatable_device_reports_consumed_capacity_and_default_fit():
+    w = World()
+    nic = {
+        "name": "nic",
+        "allowMultipleAllocations": True,
+        "capacity": {"bw": {"value": "10", "requestPolicy": {"default": "4"}}, "queues": {"value": "8"}},
+    }
+    w.slices.upsert(slice_obj("s1", "d", "p", [nic]))
+    assert _value(w, "kube_resourceslice_device_allocated_capacity", capacity="bw") == 0
+    # A default request takes 4 bw and all 8 queues (no policy: the whole capacity).
+    w.claims.upsert(claim_obj("a", [result("nic", shareID="s-a", consumedCapacity={"bw": "3", "queues": "0"})]))
+    assert _value(w, "kube_resourceslice_device_allocated_capacity", capacity="bw") == 3
+    assert _value(w, "kube_resourcepool_devices_free", pool="p") == 1  # 3 + 4 <= 10, 0 + 8 <= 8
+    w.claims.upsert(claim_obj("b", [result("nic", shareID="s-b", consumedCapacity={"bw": "4", "queues": "1"})]))
+    assert _value(w, "kube_resourceslice_device_allocated_capacity", capacity="bw") == 7
+    assert _value(w, "kube_resourceslice_device_allocated_capacity", capacity="queues") == 1
+    assert _value(w, "kube_resourcepool_devices_free", pool="p") == 0
+    assert _value(w, "kube_resourceslice_device_allocated", device_name="nic") == 1
+
+
+def test_taints_in_slices_and_evaluable_taint_rules_block_free_devices():
+    w = World()
+    w.slices.upsert(
+        slice_obj(
+            "s1",
+            "d",
+            "p",
+            [
+                {"name": "t0", "taints": [{"key": "k", "effect": "NoSchedule"}]},
+                {"name": "t1", "taints": [{"key": "k", "effect": "None"}]},  # informational only
+                {"name": "t2"},
+                {"name": "t3"},
+            ],
+        )
+    )
+    assert _value(w, "kube_resourcepool_devices_free", pool="p") == 3
+    rule = {
+        "metadata": _meta("r1"),
+        "spec": {"deviceSelector": {"driver": "d", "device": "t2"}, "taint": {"key": "k", "effect": "NoExecute"}},
+    }
+    w.rules.upsert(rule)
+    assert _value(w, "kube_resourcepool_devices_free", pool="p") == 2
+    # A rule that selects through CEL cannot be evaluated here: it is reported, not applied.
+    cel = {
+        "metadata": _meta("r2"),
+        "spec": {
+            "deviceSelector": {"driver": "d", "selectors": [{"cel": {"expression": "true"}}]},
+            "taint": {"key": "k", "effect": "NoSchedule"},
+        },
+    }
+    w.rules.upsert(cel)
+    assert _value(w, "kube_resourcepool_devices_free", pool="p") == 2
+    w.rules.delete(rule)
+    assert _value(w, "kube_resourcepool_devices_free", pool="p") == 3
+
+
+def test_pool_counts_newest_complete_valid_generation_only():
+    w = World()
+    w.slices.upsert(slice_obj("old", "d", "p", [{"name": "a"}, {"name": "b"}], generation=1))
+    w.slices.upsert(slice_obj("new-1", "d", "p", [{"name": "a"}], generation=2, count=2))
+    assert _value(w, "kube_resourcepool_incomplete", pool="p") == 1
+    assert _value(w, "kube_resourcepool_generation", pool="p") == 2
+    assert _value(w, "kube_resourcepool_devices", pool="p") is None  # no counts while incomplete
+    w.slices.upsert(slice_obj("new-2", "d", "p", [{"name": "b"}, {"name": "c"}], generation=2, count=2))
+    assert _value(w, "kube_resourcepool_incomplete", pool="p") == 0
+    assert _value(w, "kube_resourcepool_devices", pool="p") == 3  # a, b, c -- not the old a, b
+    w.claims.upsert(claim_obj("c1", [result("a")]))
+    # The join is by (driver, pool, device): the lingering old slice's "a" shows allocated too.
+    assert [v for s, v in w.samples("kube_resourceslice_device_allocated").items() if 'device_name="a"' in s] == [
+        1.0,
+        1.0,
+    ]
+    assert _value(w, "kube_resourcepool_devices_allocated", pool="p") == 1
+    # A device named twice in the newest generation makes the pool invalid.
+    w.slices.upsert(slice_obj("new-2", "d", "p", [{"name": "a"}, {"name": "c"}], generation=2, count=2))
+    assert _value(w, "kube_resourcepool_invalid", pool="p") == 1
+    assert _value(w, "kube_resourcepool_devices", pool="p") is None
+    w.slices.delete(slice_obj("new-1", "d", "p", []))
+    w.slices.delete(slice_obj("new-2", "d", "p", []))
+    assert _value(w, "kube_resourcepool_generation", pool="p") == 1
+    assert _value(w, "kube_resourcepool_devices", pool="p") == 2
+    w.slices.delete(slice_obj("old", "d", "p", []))
+    assert w.joined()["kube_resourcepool_generation"] == []
+
+
+def test_per_node_counts_with_per_device_node_selection():
+    w = World()
+    devices = [{"name": "a", "nodeName": "n1"}, {"name": "b", "nodeName": "n2"}, {"name": "c", "allNodes": True}]
+    w.slices.upsert(slice_obj("s", "d", "p", devices, perDeviceNodeSelection=True, nodeName=None))
+    w.claims.upsert(claim_obj("c1", [result("b")]))
+    free = w.samples("kube_resourcepool_devices_free")
+    assert sorted((s.split('node_name="')[1].split('"')[0], v) for s, v in free.items()) == [
+        ("", 1.0),
+        ("n1", 1.0),
+        ("n2", 0.0),
+    ]
+
+
+def test_cost_resolution_and_unpriced_devices():
+    w = World()
+    for name, cost in (("big", "9.5"), ("small", "1.25"), ("nocost", None), ("bad", "1,5")):
+        w.classes.upsert(class_obj(name, cost))
+    requests = [
+        {
+            "name": "accel",
+            "firstAvailable": [{"name": "b", "deviceClassName": "big"}, {"name": "s", "deviceClassName": "small"}],
+        },
+        {"name": "x", "exactly": {"deviceClassName": "nocost"}},
+        {"name": "y", "exactly": {"deviceClassName": "bad"}},
+        {"name": "z", "exactly": {"deviceClassName": "missing"}},
+    ]
+    results = [
+        result("d0", request="accel/s"),
+        result("d1", request="accel/s"),
+        result("d2", request="x"),
+        result("d3", request="y"),
+        result("d4", request="z"),
+        result("d5", request="nosuchrequest"),
+        result("d6", request="accel/s", adminAccess=True),
+    ]
+    w.claims.upsert(claim_obj("c", results, requests=requests))
+    assert w.samples("kube_resourceclaim_hourly_cost") == {
+        'kube_resourceclaim_hourly_cost{deviceclass_name="small",namespace="ns",resourceclaim_name="c"}': 2.5
+    }
+    unpriced = {s.split("{")[1]: v for s, v in w.samples("kube_resourceclaim_unpriced_devices").items()}
+    assert unpriced == {
+        'deviceclass_name="",namespace="ns",reason="unresolved_request",resourceclaim_name="c"}': 1.0,
+        'deviceclass_name="bad",namespace="ns",reason="invalid_cost",resourceclaim_name="c"}': 1.0,
+        'deviceclass_name="missing",namespace="ns",reason="class_not_found",resourceclaim_name="c"}': 1.0,
+        'deviceclass_name="nocost",namespace="ns",reason="no_cost",resourceclaim_name="c"}': 1.0,
+    }
+    # Classes appearing, changing and going away re-price the claim.
+    w.classes.upsert(class_obj("missing", "2"))
+    w.classes.upsert(class_obj("small", "1"))
+    w.classes.delete(class_obj("nocost"))
+    costs = {
+        s.split('deviceclass_name="')[1].split('"')[0]: v
+        for s, v in w.samples("kube_resourceclaim_hourly_cost").items()
+    }
+    assert costs == {"missing": 2.0, "small": 2.0}
+    assert 'deviceclass_name="nocost",namespace="ns",reason="class_not_found"' in "".join(
+        w.joined()["kube_resourceclaim_unpriced_devices"]
+    )
+    # Deallocated: no cost at all.
+    w.claims.upsert(claim_obj("c", None, requests=requests))
+    assert (
+        w.joined()["kube_resourceclaim_hourly_cost"] == [] and w.joined()["kube_resourceclaim_unpriced_devices"] == []
+    )
+
+
+# --- leak clock ----------------------------------------------------------------------------------
+def test_leak_clock():
+    now = [1_800_000_000.0]  # 2027-01-15T08:00:00Z
+    w = World(grace=600, now=now)
+    written = "2027-01-15T07:55:00Z"  # 300 s ago
+    w.claims.upsert(claim_obj("idle", [result("x")], reserved=False, status_time=written))
+    w.claims.upsert(claim_obj("busy", [result("y")]))
+    w.claims.upsert(claim_obj("pending"))
+    assert w.joined()["kube_resourceclaim_leaked"] == []
+    now[0] += 299
+    assert w.joined()["kube_resourceclaim_leaked"] == []
+    now[0] += 2
+    assert w.joined()["kube_resourceclaim_leaked"] == [
+        'kube_resourceclaim_leaked{namespace="ns",resourceclaim_name="idle"} 1.0'
+    ]
+    # A later status write restarts the clock; a reservation ends it.
+    w.claims.upsert(claim_obj("idle", [result("x")], reserved=False, status_time="2027-01-15T08:05:00Z"))
+    assert w.joined()["kube_resourceclaim_leaked"] == []
+    now[0] += 600
+    assert len(w.joined()["kube_resourceclaim_leaked"]) == 1
+    w.claims.upsert(claim_obj("idle", [result("x")]))
+    assert w.joined()["kube_resourceclaim_leaked"] == []
+    # Without managed fields the clock starts when the exporter first sees the claim unreserved,
+    # and keeps running through unrelated updates.
+    w.claims.upsert(claim_obj("nofields", [result("z")], reserved=False))
+    now[0] += 400
+    w.claims.upsert(claim_obj("nofields", [result("z")], reserved=False))
+    now[0] += 201
+    assert w.joined()["kube_resourceclaim_leaked"] == [
+        'kube_resourceclaim_leaked{namespace="ns",resourceclaim_name="nofields"} 1.0'
+    ]
+    w.claims.delete(claim_obj("nofields"))
+    assert w.joined()["kube_resourceclaim_leaked"] == []
+    assert len(w.joins.leaks) == 0
+
+
+# --- incremental upkeep ------------------------------------------------------------------------------
+def _random_world_ops(rng: random.Random, steps: int) -> list[tuple[str, str, dict[str, Any] | None]]:
+    """Random changes over a small universe: (kind, key, object or None for a delete)."""
+    ops: list[tuple[str, str, dict[str, Any] | None]] = []
+    drivers = ("d1", "d2")
+    for _ in range(steps):
+        kind = rng.choice(("slice", "slice", "claim", "claim", "claim", "class", "rule"))
+        if kind == "slice":
+            name = f"s{rng.randrange(8)}"
+            driver = drivers[int(name[1:]) % 2]
+            pool = f"p{rng.randrange(3)}"
+            devices = []
+            for i in range(rng.randrange(1, 5)):
+                dev: dict[str, Any] = {"name": f"x{rng.randrange(6)}", "nodeName": f"n{i % 2}"}
+                if rng.random() < 0.3:
+                    dev["consumesCounters"] = [
+                        {"counterSet": "cs", "counters": {"m": {"value": str(rng.randrange(1, 5))}}}
+                    ]
+                if rng.random() < 0.2:
+                    dev["allowMultipleAllocations"] = True
+                    dev["capacity"] = {"bw": {"value": "10", "requestPolicy": {"default": "3"}}}
+                if rng.random() < 0.15:
+                    dev["taints"] = [{"key": "k", "effect": rng.choice(("NoSchedule", "NoExecute", "None"))}]
+                devices.append(dev)
+            spec: dict[str, Any] = {"perDeviceNodeSelection": True, "nodeName": None}
+            if rng.random() < 0.5:
+                spec["sharedCounters"] = [{"name": "cs", "counters": {"m": {"value": "6"}}}]
+            obj = slice_obj(
+                name, driver, pool, devices, generation=rng.randrange(1, 3), count=rng.randrange(1, 3), **spec
+            )
+            ops.append(("slice", name, None if rng.random() < 0.15 else obj))
+        elif kind == "claim":
+            name = f"c{rng.randrange(12)}"
+            results = None
+            if rng.random() < 0.7:
+                results = []
+                for _ in range(rng.randrange(1, 3)):
+                    extra: dict[str, Any] = {}
+                    if rng.random() < 0.2:
+                        extra["adminAccess"] = True
+                    if rng.random() < 0.3:
+                        extra["consumedCapacity"] = {"bw": str(rng.randrange(0, 5))}
+                    request = rng.choice(("r", "fa/a", "fa/b", "bogus"))
+                    results.append(
+                        result(
+                            f"x{rng.randrange(6)}",
+                            driver=rng.choice(drivers),
+                            pool=f"p{rng.randrange(3)}",
+                            request=request,
+                            **extra,
+                        )
+                    )
+            requests = [
+                {"name": "r", "exactly": {"deviceClassName": f"k{rng.randrange(3)}"}},
+                {
+                    "name": "fa",
+                    "firstAvailable": [{"name": "a", "deviceClassName": "k0"}, {"name": "b", "deviceClassName": "k3"}],
+                },
+            ]
+            obj = claim_obj(
+                name, results, namespace=rng.choice(("a", "b")), requests=requests, reserved=rng.random() < 0.5
+            )
+            ops.append(("claim", f"{obj['metadata']['namespace']}/{name}", None if rng.random() < 0.15 else obj))
+        elif kind == "class":
+            name = f"k{rng.randrange(4)}"
+            obj = class_obj(name, rng.choice((None, "1", "2.5", "bad")))
+            ops.append(("class", name, None if rng.random() < 0.2 else obj))
+        else:
+            name = f"r{rng.randrange(2)}"
+            selector = {"driver": rng.choice(drivers)}
+            if rng.random() < 0.5:
+                selector["device"] = f"x{rng.randrange(6)}"
+            obj = {
+                "metadata": _meta(name),
+                "spec": {"deviceSelector": selector, "taint": {"key": "k", "effect": "NoSchedule"}},
+            }
+            ops.append(("rule", name, None if rng.random() < 0.3 else obj))
+    return ops
+
+
+def _apply(
+    world: World, ops: list[tuple[str, str, dict[str, Any] | None]], current: dict[tuple[str, str], dict[str, Any]]
+) -> None:
+    for kind, key, obj in ops:
+        store = world.by_kind[kind]
+        if obj is None:
+            gone = current.pop((kind, key), None)
+            if gone is not None:
+                store.delete(gone)
+        else:
+            # A claim may move namespace under the same name: that is another object.
+            current[(kind, key)] = obj
+            store.upsert(obj)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_incremental_upkeep_equals_a_fresh_computation(seed):
+    rng = random.Random(seed)
+    live = World(now=[5000.0])
+    current: dict[tuple[str, str], dict[str, Any]] = {}
+    for _round in range(8):
+        _apply(live, _random_world_ops(rng, 40), current)
+        fresh = World(now=[5000.0])
+        for kind in ("class", "rule", "slice", "claim"):  # any order must give the same result
+            fresh.by_kind[kind].replace([o for (k, _), o in current.items() if k == kind])
+        assert live.joined() == fresh.joined()
+        # A relist of the same objects changes nothing either.
+        for kind in ("claim", "slice", "class", "rule"):
+            live.by_kind[kind].replace([o for (k, _), o in current.items() if k == kind])
+        assert live.joined() == fresh.joined()
+
+
+def test_union_of_shards_equals_unsharded():
+    rng = random.Random(42)
+    ops = _random_world_ops(rng, 300)
+    whole = World()
+    shards = [World(Shard(i, 3)) for i in range(3)]
+    for world in (whole, *shards):
+        _apply(world, ops, {})
+    expected = Counter(line for lines in whole.joined().values() for line in lines)
+    union: Counter[str] = Counter()
+    for world in shards:
+        union.update(line for lines in world.joined().values() for line in lines)
+    assert union == expected
+    assert all(sum(1 for lines in w.joined().values() for _ in lines) < sum(expected.values()) for w in shards)
+
+
+def test_work_per_claim_change_is_bounded_by_the_slices_it_touches(monkeypatch):
+    w = World()
+    for i in range(200):
+        w.slices.upsert(slice_obj(f"s{i:03d}", "d", f"p{i:03d}", [{"name": f"x{j}"} for j in range(8)]))
+    for i in range(200):
+        w.claims.upsert(claim_obj(f"c{i:03d}", [result("x0", pool=f"p{i:03d}")]))
+    evaluated: list[str] = []
+    real = joins.evaluate
+
+    def counting(s, *args):
+        evaluated.append(s.name)
+        return real(s, *args)
+
+    monkeypatch.setattr(joins, "evaluate", counting)
+    # Move one claim from one device to another of a different pool: two slices, nothing else.
+    w.claims.upsert(claim_obj("c007", [result("x1", pool="p123")]))
+    assert sorted(evaluated) == ["s007", "s123"]
+    evaluated.clear()
+    w.claims.upsert(claim_obj("c008", [result("x0", pool="p008")], reserved=False))  # same devices
+    assert evaluated == []
+    # A class change re-prices only its claims (no slice work).
+    w.classes.upsert(class_obj("c1", "2"))
+    assert evaluated == []
