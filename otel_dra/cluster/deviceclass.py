@@ -89,7 +89,7 @@ def _info(c: DeviceClass) -> Iterable[Sample]:
 STATE_FAMILIES: tuple[Family[DeviceClass], ...] = (
     family(
         "kube_deviceclass_info",
-        "1",
+        "",
         "DeviceClasses (1 per class), with spec.extendedResourceName.",
         ("deviceclass_name", "extended_resource_name"),
         _info,

@@ -98,7 +98,7 @@ FAMILIES: tuple[Family[DeviceTaintRule], ...] = ()
 STATE_FAMILIES: tuple[Family[DeviceTaintRule], ...] = (
     family(
         "kube_devicetaintrule_info",
-        "1",
+        "",
         "DeviceTaintRules (1 per rule): the taint and the device selector's fields.",
         (
             "devicetaintrule_name",

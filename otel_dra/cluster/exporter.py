@@ -172,7 +172,7 @@ class ClusterState:
         meter.create_observable_gauge(
             "otel_dra.cache.synced",
             [self._observe_synced],
-            "1",
+            "",
             "1 when the resource's cache is in sync with the API server (else /metrics answers 500).",
         )
         meter.create_observable_gauge(

@@ -106,7 +106,7 @@ def _counters_free(u: SliceUsage) -> Iterable[Sample]:
 SLICE_FAMILIES: tuple[Family[SliceUsage], ...] = (
     family(
         "kube_resourceslice_device_allocated",
-        "1",
+        "",
         "1 when a claim's allocation (adminAccess excluded) names the device, else 0.",
         DEVICE_LABELS,
         _allocated,
@@ -114,7 +114,7 @@ SLICE_FAMILIES: tuple[Family[SliceUsage], ...] = (
     ),
     family(
         "kube_resourceslice_device_allocated_capacity",
-        "1",
+        "",
         "Capacity of a multi-allocatable device consumed by the claims allocated to it (adminAccess excluded).",
         (*DEVICE_LABELS, "capacity"),
         _allocated_capacity,
@@ -122,7 +122,7 @@ SLICE_FAMILIES: tuple[Family[SliceUsage], ...] = (
     ),
     family(
         "kube_resourceslice_counter_set_free",
-        "1",
+        "",
         "Shared counter capacity left after what the slice's allocated devices consume.",
         COUNTER_LABELS,
         _counters_free,
@@ -154,7 +154,7 @@ def _pool_count(index: int) -> Callable[[PoolState], Iterable[Sample]]:
 POOL_FAMILIES: tuple[Family[PoolState], ...] = (
     family(
         "kube_resourcepool_generation",
-        "1",
+        "",
         "The newest generation among the pool's ResourceSlices.",
         ("driver", "pool"),
         _pool_generation,
@@ -162,7 +162,7 @@ POOL_FAMILIES: tuple[Family[PoolState], ...] = (
     ),
     family(
         "kube_resourcepool_incomplete",
-        "1",
+        "",
         "1 while fewer or more slices of the pool's newest generation exist than resourceSliceCount says.",
         ("driver", "pool"),
         _pool_incomplete,
@@ -170,7 +170,7 @@ POOL_FAMILIES: tuple[Family[PoolState], ...] = (
     ),
     family(
         "kube_resourcepool_invalid",
-        "1",
+        "",
         "1 when the pool's newest generation names a device twice (nothing is allocated from it).",
         ("driver", "pool"),
         _pool_invalid,
@@ -240,7 +240,7 @@ def _leaked(c: LeakedClaim) -> Iterable[Sample]:
 LEAK_FAMILIES: tuple[Family[LeakedClaim], ...] = (
     family(
         "kube_resourceclaim_leaked",
-        "1",
+        "",
         "Present (1) for claims allocated and reserved by nobody for longer than the leak grace period.",
         ("resourceclaim_name", "namespace"),
         _leaked,

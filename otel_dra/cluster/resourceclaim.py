@@ -289,7 +289,7 @@ def _device_conditions(c: Claim) -> Iterable[Sample]:
 STATE_FAMILIES: tuple[Family[Claim], ...] = (
     family(
         "kube_resourceclaim_status_phase",
-        "1",
+        "",
         "The ResourceClaim's phase: pending (not allocated), allocated (reserved by nobody) or reserved.",
         ("resourceclaim_name", "namespace", "phase"),
         _phase,
@@ -321,7 +321,7 @@ STATE_FAMILIES: tuple[Family[Claim], ...] = (
     ),
     family(
         "kube_resourceclaim_status_device_condition",
-        "1",
+        "",
         "Conditions of the claim's devices (status.devices[].conditions), as a state set over status.",
         ("resourceclaim_name", "namespace", "driver", "pool", "device_name", "share_id", "condition", "status"),
         _device_conditions,

@@ -363,7 +363,7 @@ def state_families(attributes: DeviceAttributes = DEFAULT_ATTRIBUTES) -> tuple[F
     return (
         family(
             "kube_resourceslice_device_info",
-            "1",
+            "",
             "Devices published in ResourceSlices (1 per device), with chosen device attributes as labels.",
             (*DEVICE_LABELS, *attributes.labels),
             _info,
@@ -371,7 +371,7 @@ def state_families(attributes: DeviceAttributes = DEFAULT_ATTRIBUTES) -> tuple[F
         ),
         family(
             "kube_resourceslice_device_capacity",
-            "1",
+            "",
             "Every capacity of every device, as a number (capacity label: the capacity's name).",
             (*DEVICE_LABELS, "capacity"),
             _all_capacities,
@@ -379,7 +379,7 @@ def state_families(attributes: DeviceAttributes = DEFAULT_ATTRIBUTES) -> tuple[F
         ),
         family(
             "kube_resourceslice_device_taint",
-            "1",
+            "",
             "Taints of devices in ResourceSlices: 1 per (key, value, effect).",
             (*DEVICE_LABELS, "key", "value", "effect"),
             _taints,
@@ -387,7 +387,7 @@ def state_families(attributes: DeviceAttributes = DEFAULT_ATTRIBUTES) -> tuple[F
         ),
         family(
             "kube_resourceslice_counter_set_capacity",
-            "1",
+            "",
             "Counters of the slice's shared counter sets, as numbers.",
             COUNTER_LABELS,
             _counter_capacity,
@@ -395,7 +395,7 @@ def state_families(attributes: DeviceAttributes = DEFAULT_ATTRIBUTES) -> tuple[F
         ),
         family(
             "kube_resourceslice_pool_generation",
-            "1",
+            "",
             "The slice's spec.pool.generation.",
             ("resourceslice_name", "driver", "pool"),
             _generation,

@@ -81,7 +81,11 @@ def rule_expressions(helm: Path) -> list[tuple[str, str]]:
         "templates/prometheusrule.yaml",
     ).stdout
     rule = yaml.safe_load(rendered)
-    return [(f"alert {r['alert']}", r["expr"]) for g in rule["spec"]["groups"] for r in g["rules"]]
+    return [
+        (f"alert {r['alert']}" if "alert" in r else f"record {r['record']}", r["expr"])
+        for g in rule["spec"]["groups"]
+        for r in g["rules"]
+    ]
 
 
 def test_dashboard_rows_and_panels():

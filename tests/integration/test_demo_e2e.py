@@ -32,10 +32,11 @@ NODES, PODS = 2, 4
 GIB = 1024**3
 
 # Expressions whose healthy answer in the demo can be "no series": they select only failures (5xx,
-# errors, retries, fatal errors) or states the workload does not produce for long (claims left
-# unreserved: the garbage collector deletes a finished pod's claim within a second).
+# errors, retries, fatal errors, devices without a valid price: the demo's class has one) or states
+# the workload does not produce for long (claims left unreserved: the garbage collector deletes a
+# finished pod's claim within a second).
 MAY_BE_EMPTY = re.compile(
-    r'code=~"5\.\."|result="error"|fatal_background_errors|_retries_total|reserved_total\) == 0\)'
+    r'code=~"5\.\."|result="error"|fatal_background_errors|_retries_total|reserved_total\) == 0\)|unpriced'
 )
 # The alert rules select the exporter by the job label the chart's monitor gives it (release "rel").
 EXPORTER_JOB = "rel-otel-dra"
