@@ -36,7 +36,7 @@ GIB = 1024**3
 # the workload does not produce for long (claims left unreserved: the garbage collector deletes a
 # finished pod's claim within a second).
 MAY_BE_EMPTY = re.compile(
-    r'code=~"5\.\."|result="error"|fatal_background_errors|_retries_total|reserved_total\) == 0\)|unpriced'
+    r'code=~"5\.\."|result="error"|fatal_background_errors|_retries_total|reserved_total\)? == 0|unpriced'
 )
 # The alert rules select the exporter by the job label the chart's monitor gives it (release "rel").
 EXPORTER_JOB = "rel-otel-dra"
@@ -107,6 +107,15 @@ def prom(prometheus, otelcol_gateway, demo) -> peers.Prometheus:
     return prometheus
 
 
+def readme_expressions() -> list[tuple[str, str]]:
+    """The PromQL examples of the README (its ```promql block), comments stripped."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = text.split("```promql\n", 1)[1].split("```", 1)[0]
+    queries = [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
+    assert len(queries) >= 5
+    return [(f"README {q!r}", q) for q in queries]
+
+
 def _value(prom: peers.Prometheus, expr: str) -> float | None:
     result = prom.query(expr)
     return float(result[0]["value"][1]) if result else None
@@ -152,7 +161,7 @@ def test_prometheus_holds_what_the_workload_implies(prom):
 def test_every_dashboard_and_alert_expression_returns_data(prom, helm):
     # Rates need two samples inside their window: wait until the prepare rate is there.
     wait_until(lambda: prom.query("sum(rate(dra_example_driver_unprepare_claims_total[5m])) > 0"), 90, what="rates")
-    expressions = dashboard_expressions() + rule_expressions(helm)
+    expressions = dashboard_expressions() + rule_expressions(helm) + readme_expressions()
     # An alert fires on a comparison; what must return data is the quantity it compares.
     pending = {
         where: re.sub(r"\s*(>|<|>=|<=|==|!=)\s*[0-9.e+-]+\s*$", "", expr.strip())
