@@ -10,9 +10,9 @@ compressed lazily). A change marks one segment dirty; a scrape re-joins only dir
 sends the rest as stored. So a scrape's work grows with the number of changes since the last one,
 plus one buffer write per segment, not with Python-level work per series. See docs/design.md.
 
-The rendered bytes are held once: an entry keeps its own lines only until its segment is joined;
-after that its lines live in the segment's chunks, found through per-family offsets, and a
-re-join copies unchanged entries' lines out of the previous chunks.
+Rendered bytes (Prometheus lines, OTLP points) are held once: an entry keeps its own bytes only
+until its segment is next joined; after that they live in the segment's joined buffers, found
+through per-family offsets, and a re-join takes unchanged entries' bytes from the previous buffers.
 """
 
 from __future__ import annotations
@@ -44,35 +44,52 @@ SEGMENT = 256
 class _Entry(Generic[T]):
     resource_version: str
     obj: T | None  # None: the object could not be parsed at all
-    # Prometheus exposition, per family; None once held by the segment's chunks (see _Segment).
+    # Per family, the Prometheus exposition and the OTLP data points (points only when pushing
+    # OTLP). Each is None once held by the segment's joined buffers (see _Joined).
     lines: tuple[bytes, ...] | None
-    points: tuple[bytes, ...] | None  # OTLP data points, per family (only when pushing OTLP)
+    points: tuple[bytes, ...] | None
 
 
-class _Segment:
-    __slots__ = ("bounds", "built", "chunks", "keys", "points", "stale")
+LINES, POINTS = "lines", "points"  # the two kinds of rendered bytes, as _Entry attribute names
 
-    def __init__(self, keys: list[str]) -> None:
-        self.keys = keys
-        # The last join, per family: the chunk, and the offsets of each entry's lines in it (entry
-        # i of ``built`` spans bounds[i]:bounds[i + 1]). Kept while stale: a re-join takes the
-        # unchanged entries' lines from there.
-        self.chunks: list[Chunk] | None = None
+
+class _Joined:
+    """One kind of a segment's rendered bytes, as last joined: per family, the joined buffer and
+    the offsets of each entry in it (entry i of ``built`` spans bounds[i]:bounds[i + 1]). Kept
+    while stale: a re-join takes the unchanged entries' bytes from there."""
+
+    __slots__ = ("bounds", "bufs", "built", "stale")
+
+    def __init__(self) -> None:
+        self.bufs: list[bytes] | None = None
         self.bounds: list[array[int]] = []
         self.built: list[str] = []
         self.stale = True
-        # Per family, references to the entries' OTLP points (not copies: a push joins them in C).
-        self.points: list[PointGroup] | None = None
+
+    def of(self, key: str, index: dict[str, int]) -> tuple[bytes, ...]:
+        """An entry's bytes, copied out of the last join."""
+        assert self.bufs is not None
+        i = index[key]
+        return tuple(buf[b[i] : b[i + 1]] for buf, b in zip(self.bufs, self.bounds, strict=True))
+
+
+class _Segment:
+    __slots__ = ("chunks", "groups", "keys", "lines", "points")
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = keys
+        self.lines = _Joined()
+        self.points = _Joined()
+        # The joined buffers as served: Chunks (with their cached gzip members) and PointGroups.
+        self.chunks: list[Chunk] = []
+        self.groups: list[PointGroup] = []
+
+    def joined(self, kind: str) -> _Joined:
+        return self.lines if kind == LINES else self.points
 
     def dirty(self) -> None:
-        self.stale = True
-        self.points = None
-
-    def lines_of(self, key: str, index: dict[str, int]) -> tuple[bytes, ...]:
-        """An entry's lines, copied out of the last join."""
-        assert self.chunks is not None
-        i = index[key]
-        return tuple(c.data[b[i] : b[i + 1]] for c, b in zip(self.chunks, self.bounds, strict=True))
+        self.lines.stale = True
+        self.points.stale = True
 
 
 _gc_lock = threading.Lock()
@@ -230,53 +247,69 @@ class SeriesStore(Generic[T]):
             self._firsts[i] = segment.keys[0]
         return True
 
-    def _swap(self, fresh: dict[str, _Entry[T]]) -> None:
-        keys = sorted(fresh)
-        size = self._segment_size
-        segments = [_Segment(keys[i : i + size]) for i in range(0, len(keys), size)]
+    def _kinds(self) -> tuple[str, ...]:
+        return (LINES, POINTS) if self._encoders is not None else (LINES,)
+
+    def _swap(self, fresh: dict[str, _Entry[T]], segments: list[_Segment] | None = None) -> None:
+        """Install ``fresh`` (segmented here, unless ``segments`` already covers it in order)."""
+        if segments is None:
+            keys = sorted(fresh)
+            size = self._segment_size
+            segments = [_Segment(keys[i : i + size]) for i in range(0, len(keys), size)]
         with self._lock:
-            # Entries carried over from the old segments take their lines back before those go.
+            # Entries carried over from the old segments take their bytes back before those go.
             for segment in self._segments:
                 self._materialize(segment, keep=fresh)
             self._entries = fresh
             self._segments = segments
             self._firsts = [s.keys[0] for s in segments]
-            # Join now rather than at the next scrape: the entries' lines are freed before the
-            # joins of this relist allocate, which reuse that memory (a lower peak).
+            # Join now rather than at the next scrape or push: the entries' own copies are freed
+            # before the joins of this relist allocate, which then reuse that memory (a lower peak).
             for segment in segments:
-                self._join(segment)
+                for kind in self._kinds():
+                    if segment.joined(kind).stale:
+                        self._join(segment, kind)
 
-    def _materialize(self, segment: _Segment, keep: dict[str, _Entry[T]] | None = None) -> None:
-        """Give the segment's entries (those in ``keep``, if given) their own lines again, before
+    def _materialize(
+        self,
+        segment: _Segment,
+        keep: dict[str, _Entry[T]] | None = None,
+        entries: dict[str, _Entry[T]] | None = None,
+    ) -> None:
+        """Give the segment's entries (those in ``keep``, if given) their own bytes again, before
         the segment is split or replaced."""
-        if segment.chunks is None:
-            return
-        index = {k: i for i, k in enumerate(segment.built)}
-        entries = self._entries
-        for key in segment.built:
-            entry = entries.get(key)
-            if entry is None or entry.lines is not None:
+        entries = self._entries if entries is None else entries
+        for kind in self._kinds():
+            joined = segment.joined(kind)
+            if joined.bufs is None:
                 continue
-            if keep is not None and keep.get(key) is not entry:
-                continue
-            entry.lines = segment.lines_of(key, index)
+            index = {k: i for i, k in enumerate(joined.built)}
+            for key in joined.built:
+                entry = entries.get(key)
+                if entry is None or getattr(entry, kind) is not None:
+                    continue
+                if keep is not None and keep.get(key) is not entry:
+                    continue
+                setattr(entry, kind, joined.of(key, index))
 
-    def _join(self, segment: _Segment) -> list[Chunk]:
-        """Re-join a stale segment (callers hold the lock). Unchanged entries are taken from the
-        previous chunks as runs of consecutive lines (zero-copy views until the final join), so the
-        Python work grows with the number of changed entries, not with the segment's size. A
-        family whose bytes did not change keeps its chunk, and so its cached gzip member."""
-        entries = self._entries
-        old = segment.chunks
-        index = {k: i for i, k in enumerate(segment.built)} if old is not None else {}
-        # The plan, shared by all families: an entry's own lines (a tuple), or a run [first, last]
-        # of consecutive entries of the previous join (a list).
+    def _join(self, segment: _Segment, kind: str, entries: dict[str, _Entry[T]] | None = None) -> None:
+        """Re-join one kind of a stale segment's bytes (callers hold the lock). Unchanged entries
+        are taken from the previous buffers as runs of consecutive entries (zero-copy views until
+        the final join), so the Python work grows with the number of changed entries, not with the
+        segment's size. A family whose bytes did not change keeps its buffer object, and with it
+        its Chunk (and cached gzip member) or PointGroup."""
+        entries = self._entries if entries is None else entries
+        joined = segment.joined(kind)
+        old = joined.bufs
+        index = {k: i for i, k in enumerate(joined.built)} if old is not None else {}
+        # The plan, shared by all families: an entry's own bytes (a tuple), or a run
+        # [first, last] of consecutive entries of the previous join (a list).
         plan: list[Any] = []
         previous = -2
         for key in segment.keys:
-            lines = entries[key].lines
-            if lines is not None:
-                plan.append(lines)
+            own = getattr(entries[key], kind)
+            if own is not None:
+                plan.append(own)
                 previous = -2
                 continue
             i = index[key]
@@ -285,14 +318,14 @@ class SeriesStore(Generic[T]):
             else:
                 plan.append([i, i])
             previous = i
-        chunks: list[Chunk] = []
+        bufs: list[bytes] = []
         bounds: list[array[int]] = []
         for f in range(len(self.families)):
             parts: list[bytes | memoryview] = []
-            offsets = array("I", [0])  # 4 bytes each: a segment chunk stays far below 4 GiB
+            offsets = array("I", [0])  # 4 bytes each: a segment's buffer stays far below 4 GiB
             total = 0
-            view = memoryview(old[f].data) if old is not None else memoryview(b"")
-            was = segment.bounds[f] if old is not None else offsets
+            view = memoryview(old[f]) if old is not None else memoryview(b"")
+            was = joined.bounds[f] if old is not None else offsets
             for item in plan:
                 if isinstance(item, tuple):
                     part = item[f]
@@ -306,12 +339,17 @@ class SeriesStore(Generic[T]):
                     offsets.extend(map((total - start).__add__, was[first + 1 : last + 2]))
                     total += end - start
             data = b"".join(parts)
-            chunks.append(old[f] if old is not None and old[f].data == data else Chunk(data))
+            bufs.append(old[f] if old is not None and old[f] == data else data)
             bounds.append(offsets)
         for key in segment.keys:
-            entries[key].lines = None
-        segment.chunks, segment.bounds, segment.built, segment.stale = chunks, bounds, list(segment.keys), False
-        return chunks
+            setattr(entries[key], kind, None)
+        if kind == LINES:
+            served = {id(c.data): c for c in segment.chunks}
+            segment.chunks = [served.get(id(buf)) or Chunk(buf) for buf in bufs]
+        else:
+            kept = {id(g.buffers[0]): g for g in segment.groups if g.buffers}
+            segment.groups = [kept.get(id(buf)) or PointGroup([buf], len(buf)) for buf in bufs]
+        joined.bufs, joined.bounds, joined.built, joined.stale = bufs, bounds, list(segment.keys), False
 
     # --- segment index (callers hold the lock) ------------------------------------------------
     def _segment_index(self, key: str) -> int:
@@ -332,7 +370,7 @@ class SeriesStore(Generic[T]):
         self._firsts[i] = segment.keys[0]
         if len(segment.keys) >= 2 * self._segment_size:
             self._materialize(segment)  # its last join does not describe the halves
-            segment.chunks = None
+            segment.lines, segment.points = _Joined(), _Joined()
             half = len(segment.keys) // 2
             tail = _Segment(segment.keys[half:])
             segment.keys = segment.keys[:half]
@@ -349,23 +387,16 @@ class SeriesStore(Generic[T]):
             return [e.obj for e in self._entries.values() if e.obj is not None]
 
     def otlp_metrics(self) -> list[tuple[MetricHeader, list[PointGroup]]]:
-        """Each family's pre-encoded OTLP points in key order: per segment, references to the
-        entries' buffers and their total size (joined in C by the request builder). Only segments
-        changed since the last push cost Python work per entry."""
+        """Each family's pre-encoded OTLP points in key order, one PointGroup per segment (joined
+        again only for segments changed since the last push)."""
         if self._encoders is None:
             return []
         with self._lock:
-            entries = self._entries
             per_family: list[list[PointGroup]] = [[] for _ in self.families]
             for segment in self._segments:
-                groups = segment.points
-                if groups is None:
-                    rows = [entries[k].points or () for k in segment.keys]
-                    groups = segment.points = []
-                    for i in range(len(self.families)):
-                        refs = [row[i] for row in rows if row]
-                        groups.append(PointGroup(refs, sum(map(len, refs))))
-                for i, group in enumerate(groups):
+                if segment.points.stale:
+                    self._join(segment, POINTS)
+                for i, group in enumerate(segment.groups):
                     per_family[i].append(group)
             return list(zip(self._headers, per_family, strict=True))
 
@@ -374,10 +405,9 @@ class SeriesStore(Generic[T]):
         with self._lock:
             per_family: list[list[Chunk]] = [[] for _ in self.families]
             for segment in self._segments:
-                chunks = segment.chunks
-                if segment.stale or chunks is None:
-                    chunks = self._join(segment)
-                for i, chunk in enumerate(chunks):
+                if segment.lines.stale:
+                    self._join(segment, LINES)
+                for i, chunk in enumerate(segment.chunks):
                     per_family[i].append(chunk)
             return [(fam.gauge, per_family[i]) for i, fam in enumerate(self.families)]
 
@@ -489,7 +519,7 @@ class ObjectStore(SeriesStore[T]):
         others: dict[str, tuple[str, T | None]] = {}
         changes: list[Change[T]] = []
         with _gc_paused():
-            self._fill(fresh, others, changes, objects)
+            segments = self._fill(fresh, others, changes, objects)
         if self._listener is not None:
             for key, entry in self._entries.items():
                 if key not in fresh and key not in others:
@@ -498,7 +528,7 @@ class ObjectStore(SeriesStore[T]):
                 if key not in fresh and key not in others:
                     changes.append((key, slim, None, False))
         self._others = others
-        self._swap(fresh)
+        self._swap(fresh, segments)
         if self._listener is not None and changes:
             with _gc_paused():  # a relist's joins allocate as much as its entries did
                 self._listener(changes)
@@ -509,9 +539,18 @@ class ObjectStore(SeriesStore[T]):
         others: dict[str, tuple[str, T | None]],
         changes: list[Change[T]],
         objects: Iterable[dict[str, Any]],
-    ) -> None:
+    ) -> list[_Segment] | None:
+        """Build the entries of a full list. Into an empty store (the initial list), entries
+        arriving in key order -- as the API server lists them -- are segmented and joined as they
+        come, so at most one segment's worth of per-entry bytes exists at a time (a much lower
+        memory peak than holding every object's bytes until the end); the segments are returned.
+        Returns None when the list is to be segmented by :meth:`_swap`."""
         listening = self._listener is not None
         entries = self._entries  # only this thread writes; reading without the lock is safe
+        streaming = not entries
+        segments: list[_Segment] = []
+        batch: list[str] = []
+        last: str | None = None
         for obj in objects:
             owned = self._keep(obj)
             if not owned and not listening:
@@ -526,6 +565,17 @@ class ObjectStore(SeriesStore[T]):
                     continue
                 entry = fresh[key] = self._build(key, obj)
                 new = entry.obj
+                if streaming:
+                    if last is not None and key <= last:  # not in key order after all
+                        streaming = False
+                        for segment in segments:
+                            self._materialize(segment, entries=fresh)
+                    else:
+                        batch.append(key)
+                        last = key
+                        if len(batch) == self._segment_size:
+                            segments.append(self._joined_segment(batch, fresh))
+                            batch = []
             else:
                 if old is not None and rv and old[0] == rv and key in self._others:
                     others[key] = old
@@ -534,3 +584,14 @@ class ObjectStore(SeriesStore[T]):
                 others[key] = (rv, new)
             if listening:
                 changes.append((key, old[1] if old else None, new, owned))
+        if not streaming:
+            return None
+        if batch:
+            segments.append(self._joined_segment(batch, fresh))
+        return segments
+
+    def _joined_segment(self, keys: list[str], entries: dict[str, _Entry[T]]) -> _Segment:
+        segment = _Segment(keys)
+        for kind in self._kinds():
+            self._join(segment, kind, entries)
+        return segment

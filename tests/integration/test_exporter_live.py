@@ -149,6 +149,8 @@ def test_live_changes(testbed, admin_client, start_exporter_app):
         lambda: (
             not _series(app.port, mem, resourceslice_name="live-slice")
             and not _series(app.port, total, resourceclaim_name="c1")
+            # The DeviceClass's kube_deviceclass_info (its delete comes through another watch).
+            and not _series(app.port, "kube_deviceclass_info", deviceclass_name="live.example.com")
         ),
         what="deleted series to vanish",
     )

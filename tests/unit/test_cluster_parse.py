@@ -260,3 +260,31 @@ def test_lines_are_held_once_and_survive_rejoins_splits_and_relists():
             assert got == [(g.prom_name, _text(c)) for g, c in fresh.blocks()], step
             # Joined entries gave their own copy of the lines to the segment.
             assert all(e.lines is None for e in live._entries.values())
+
+
+def test_initial_list_is_joined_as_it_streams_in_key_order_or_not():
+    """Into an empty store, a list in key order is segmented and joined while it is read; a list
+    out of order falls back to segmenting at the end. Both serve the same bytes."""
+    objs = [
+        {"metadata": {"name": f"c{i:03d}", "resourceVersion": "1", "annotations": {"hourly-cost": str(i % 7)}}}
+        for i in range(50)
+    ]
+    families = deviceclass.FAMILIES + deviceclass.STATE_FAMILIES
+    ordered = ObjectStore("deviceclasses", deviceclass.parse, families, segment_size=4, otlp=True)
+    ordered.replace(iter(objs))
+    shuffled = ObjectStore("deviceclasses", deviceclass.parse, families, segment_size=4, otlp=True)
+    mixed = objs[:30] + objs[40:] + objs[30:40]  # in order for 30 objects (7 segments), then not
+    shuffled.replace(iter(mixed))
+    assert [len(s.keys) for s in ordered._segments] == [4] * 12 + [2]
+    assert not any(s.lines.stale for s in ordered._segments)
+    for store in (ordered, shuffled):
+        assert all(e.lines is None and e.points is None for e in store._entries.values())
+        assert [k for s in store._segments for k in s.keys] == sorted(o["metadata"]["name"] for o in objs)
+    assert [(g.prom_name, _text(c)) for g, c in ordered.blocks()] == [
+        (g.prom_name, _text(c)) for g, c in shuffled.blocks()
+    ]
+
+    def points(store):
+        return [(h.name, b"".join(b for g in gs for b in g.buffers)) for h, gs in store.otlp_metrics()]
+
+    assert points(ordered) == points(shuffled) and any(data for _, data in points(ordered))

@@ -118,3 +118,42 @@ def test_unchanged_segments_reuse_their_point_groups():
     second = store.otlp_metrics()[0][1]
     assert [a is b for a, b in zip(first, second, strict=True)] == [True, False, True]
     assert second[1].size == sum(map(len, second[1].buffers)) > 0
+
+
+def test_points_survive_rejoins_splits_and_relists():
+    """OTLP points are held once (in the segments' joined buffers), like the Prometheus lines:
+    after changes, splits and relists a push still carries exactly a fresh store's points."""
+    import random
+
+    rng = random.Random(5)
+
+    def obj(name, rv, cost):
+        return {"metadata": {"name": name, "resourceVersion": str(rv), "annotations": {"hourly-cost": str(cost)}}}
+
+    families = deviceclass.FAMILIES + deviceclass.STATE_FAMILIES
+    live = ObjectStore("deviceclasses", deviceclass.parse, families, otlp=True, segment_size=3)
+    current: dict[str, dict] = {}
+    builder = RequestBuilder(RESOURCE, "s", "v")
+    for step in range(500):
+        name = f"c{rng.randrange(30):02d}"
+        if rng.random() < 0.25 and name in current:
+            live.delete(current.pop(name))
+        elif rng.random() < 0.04:
+            current = {k: v for k, v in current.items() if rng.random() < 0.8}
+            live.replace(list(current.values()))
+        else:
+            current[name] = obj(name, 1000 + step, rng.randrange(9))
+            live.upsert(current[name])
+        if rng.random() < 0.3:
+            live.blocks()  # joins the lines at other moments than the points
+        if rng.random() < 0.3:
+            fresh = ObjectStore("deviceclasses", deviceclass.parse, families, otlp=True)
+            fresh.replace(list(current.values()))
+            got, _, _ = _points(
+                [ExportMetricsServiceRequest.FromString(r) for r in builder.requests(live.otlp_metrics(), 1)]
+            )
+            want, _, _ = _points(
+                [ExportMetricsServiceRequest.FromString(r) for r in builder.requests(fresh.otlp_metrics(), 1)]
+            )
+            assert got == want, step
+            assert all(e.points is None for e in live._entries.values())
