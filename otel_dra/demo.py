@@ -202,7 +202,7 @@ def add_subcommand(sub: Any) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from otel_dra import __version__
-    from otel_dra.cli import start_exporter, stop_on_signals, wait_for
+    from otel_dra.cli import start_exporter, stop_on_signals
     from otel_dra.fixtures import apply_all
     from otel_dra.kube.client import load_credentials
     from otel_dra.kubeletsim.cli import kubelet_tracer
@@ -261,7 +261,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     f"Ctrl-C stops everything.\n",
                     flush=True,
                 )
-                wait_for(stop)
+                reported: set[str] = set()
+                while not stop.wait(1.0):
+                    for plugin in plugins:  # a plugin that dies (e.g. its port taken) must not go unnoticed
+                        code = plugin.process.poll()
+                        if code is not None and plugin.node not in reported:
+                            reported.add(plugin.node)
+                            log.error(
+                                "plugin on %s exited with code %s; its log: %s", plugin.node, code, plugin.log_path
+                            )
             finally:
                 if workload is not None:
                     workload.stop()

@@ -76,6 +76,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(count: int) -> int:
+    """A port p such that p … p+count-1 are all free now (for commands taking a base port)."""
+    while True:
+        base = free_port()
+        if base + count <= 65535 and all(_bindable(base + i) for i in range(1, count)):
+            return base
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0

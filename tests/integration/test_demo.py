@@ -13,7 +13,7 @@ from pathlib import Path
 
 from otel_dra.kube.client import KubeClient, load_credentials
 from otel_dra.testbed import Testbed
-from tests.helpers import free_port, parse_samples, scrape, wait_until
+from tests.helpers import free_port, free_ports, parse_samples, scrape, wait_until
 
 
 def _counter(port: int, name: str, result: str) -> float:
@@ -39,7 +39,10 @@ def _processes_under(directory: Path) -> list[int]:
 
 
 def test_demo_runs_the_dra_path_and_cleans_up(testbed_binaries):
-    port, plugin_port = free_port(), free_port()
+    plugin_port = free_ports(2)  # one metrics port per node, from this base
+    port = free_port()
+    while plugin_port <= port < plugin_port + 2:
+        port = free_port()
     # Short: the plugins' unix sockets live under it (107-byte limit).
     directory = Path(tempfile.mkdtemp(prefix="demo-"))
     proc = subprocess.Popen(
@@ -99,8 +102,14 @@ def test_demo_runs_the_dra_path_and_cleans_up(testbed_binaries):
 
         wait_until(consistent, 90, interval=0.5, what="exporter state matching the Running pods")
         pids = list(Testbed.load(directory / "testbed").pids.values())
-    finally:
+    except AssertionError as exc:
         proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=90)
+        logs = "".join(f"\n--- {p}\n{p.read_text()[-3000:]}" for p in directory.glob("nodes/*/plugin.log"))
+        raise AssertionError(f"{exc}\n--- demo output:\n{output[-6000:]}{logs}") from None
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=90)
     assert proc.returncode == 0, output
     assert f"curl -s http://127.0.0.1:{port}/metrics" in output

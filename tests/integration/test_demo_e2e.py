@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from tests import peers
-from tests.helpers import free_port, scrape, wait_until
+from tests.helpers import free_port, free_ports, scrape, wait_until
 from tests.integration.test_dashboard_and_rules import dashboard_expressions, rule_expressions
 
 NODES, PODS = 2, 4
@@ -44,9 +44,10 @@ EXPORTER_JOB = "rel-otel-dra"
 
 @pytest.fixture(scope="module")
 def demo(otelcol_gateway, testbed_binaries) -> Iterator[dict[str, Any]]:
-    port, plugin_port = free_port(), free_port()
-    while plugin_port + 1 == port:
-        plugin_port = free_port()
+    plugin_port = free_ports(NODES)
+    port = free_port()
+    while plugin_port <= port < plugin_port + NODES:
+        port = free_port()
     directory = Path(tempfile.mkdtemp(prefix="e2e-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env.update(
@@ -187,7 +188,8 @@ def test_plugin_metric_names_through_the_collector_equal_direct(prom):
         return {n for n in prom.metric_names(selector) if n.startswith(("dra_example_driver_", "rest_client_"))}
 
     def both() -> tuple[set[str], set[str]] | None:
-        direct, collector = names('{job="dra-example-driver"}'), names('{path="collector"}')
+        # Through the gateway the job is the plugins' service name (honor_labels).
+        direct, collector = names('{job="dra-example-driver"}'), names('{path="collector",job="otel-dra-plugin"}')
         return (direct, collector) if direct and direct <= collector else None
 
     direct, collector = wait_until(both, 60, what="plugin metrics through the Collector")

@@ -139,9 +139,14 @@ def _golden() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {(name, _identity(labels)): value for name, labels, value in parse_samples(GOLDEN.read_text())}
 
 
+# The job label of this module's exporter on each path: the gateway is shared by the session's
+# tests (the demo's exporter and plugins push through it too), so each path is narrowed to it.
+PATH_JOB = {"direct": "otel-dra-direct", "collector": "otel-dra-e2e"}
+
+
 def _held(prom: peers.Prometheus, path: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     selector = "|".join(SEED_FAMILIES)
-    result = prom.query(f'{{__name__=~"{selector}", path="{path}"}}')
+    result = prom.query(f'{{__name__=~"{selector}", path="{path}", job="{PATH_JOB[path]}"}}')
     return {(r["metric"]["__name__"], _identity(r["metric"])): float(r["value"][1]) for r in result}
 
 
@@ -160,8 +165,8 @@ def test_prometheus_holds_the_seed_metrics(scraped, path):
 
 def test_collector_path_has_the_same_metric_names(scraped):
     """The names reaching Prometheus through the Collector equal the names scraped directly."""
-    direct_selector = '{path="direct"}'
-    collector_selector = '{path="collector"}'
+    direct_selector = f'{{path="direct", job="{PATH_JOB["direct"]}"}}'
+    collector_selector = f'{{path="collector", job="{PATH_JOB["collector"]}"}}'
 
     def both() -> tuple[set[str], set[str]] | None:
         direct = scraped.metric_names(direct_selector) - PROMETHEUS_SYNTHETIC
