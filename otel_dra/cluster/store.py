@@ -25,6 +25,7 @@ import threading
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, Generic, TypeVar
 
 from otel_dra.cluster.families import Family
@@ -55,22 +56,26 @@ LINES, POINTS = "lines", "points"  # the two kinds of rendered bytes, as _Entry 
 
 class _Joined:
     """One kind of a segment's rendered bytes, as last joined: per family, the joined buffer and
-    the offsets of each entry in it (entry i of ``built`` spans bounds[i]:bounds[i + 1]). Kept
-    while stale: a re-join takes the unchanged entries' bytes from there."""
+    the length of each entry's part of it, in the order of ``built``. Kept while stale: a re-join
+    takes the unchanged entries' bytes from there. ``fresh`` holds the keys whose entries got new
+    bytes since; ``reshaped`` says whether keys came or went (then ``built`` no longer matches)."""
 
-    __slots__ = ("bounds", "bufs", "built", "stale")
+    __slots__ = ("bufs", "built", "fresh", "lengths", "reshaped", "stale")
 
     def __init__(self) -> None:
         self.bufs: list[bytes] | None = None
-        self.bounds: list[array[int]] = []
+        self.lengths: list[array[int]] = []
         self.built: list[str] = []
         self.stale = True
+        self.fresh: set[str] = set()
+        self.reshaped = True
 
-    def of(self, key: str, index: dict[str, int]) -> tuple[bytes, ...]:
-        """An entry's bytes, copied out of the last join."""
+    def unjoin(self) -> Iterator[tuple[str, tuple[bytes, ...]]]:
+        """Every entry of the last join with its bytes, copied out of the buffers."""
         assert self.bufs is not None
-        i = index[key]
-        return tuple(buf[b[i] : b[i + 1]] for buf, b in zip(self.bufs, self.bounds, strict=True))
+        offsets = [list(accumulate(lengths, initial=0)) for lengths in self.lengths]
+        for i, key in enumerate(self.built):
+            yield key, tuple(buf[o[i] : o[i + 1]] for buf, o in zip(self.bufs, offsets, strict=True))
 
 
 class _Segment:
@@ -87,9 +92,14 @@ class _Segment:
     def joined(self, kind: str) -> _Joined:
         return self.lines if kind == LINES else self.points
 
-    def dirty(self) -> None:
-        self.lines.stale = True
-        self.points.stale = True
+    def dirty(self, key: str | None = None) -> None:
+        """``key``: the entry of this key has new bytes; None: keys came or went."""
+        for joined in (self.lines, self.points):
+            joined.stale = True
+            if key is None:
+                joined.reshaped = True
+            elif joined.bufs is not None:  # never joined (OTLP off): nothing to track
+                joined.fresh.add(key)
 
 
 _gc_lock = threading.Lock()
@@ -230,7 +240,7 @@ class SeriesStore(Generic[T]):
         if key not in self._entries:
             self._insert_key(key)
         else:
-            self._segment_of(key).dirty()
+            self._segment_of(key).dirty(key)
         self._entries[key] = entry
 
     def _drop(self, key: str) -> bool:
@@ -283,65 +293,84 @@ class SeriesStore(Generic[T]):
             joined = segment.joined(kind)
             if joined.bufs is None:
                 continue
-            index = {k: i for i, k in enumerate(joined.built)}
-            for key in joined.built:
+            for key, own in joined.unjoin():
                 entry = entries.get(key)
                 if entry is None or getattr(entry, kind) is not None:
                     continue
                 if keep is not None and keep.get(key) is not entry:
                     continue
-                setattr(entry, kind, joined.of(key, index))
+                setattr(entry, kind, own)
 
     def _join(self, segment: _Segment, kind: str, entries: dict[str, _Entry[T]] | None = None) -> None:
         """Re-join one kind of a stale segment's bytes (callers hold the lock). Unchanged entries
         are taken from the previous buffers as runs of consecutive entries (zero-copy views until
-        the final join), so the Python work grows with the number of changed entries, not with the
-        segment's size. A family whose bytes did not change keeps its buffer object, and with it
-        its Chunk (and cached gzip member) or PointGroup."""
+        the final join); when no key came or went, the runs are found from the changed keys alone.
+        So the Python work grows with the number of changed entries, not with the segment's size.
+        A family whose bytes did not change keeps its buffer object, and with it its Chunk (and
+        cached gzip member) or PointGroup."""
         entries = self._entries if entries is None else entries
         joined = segment.joined(kind)
         old = joined.bufs
-        index = {k: i for i, k in enumerate(joined.built)} if old is not None else {}
-        # The plan, shared by all families: an entry's own bytes (a tuple), or a run
-        # [first, last] of consecutive entries of the previous join (a list).
+        keys = segment.keys
+        # The plan, shared by all families: an entry's own bytes (a tuple), or a run [first, last]
+        # of consecutive entries of the previous join (a list), in key order.
         plan: list[Any] = []
-        previous = -2
-        for key in segment.keys:
-            own = getattr(entries[key], kind)
-            if own is not None:
+        changed: list[str] = []
+        if old is not None and not joined.reshaped:  # keys == built
+            at = 0
+            for i in sorted(bisect.bisect_left(keys, k) for k in joined.fresh):
+                if i > at:
+                    plan.append([at, i - 1])
+                own = getattr(entries[keys[i]], kind)
+                assert own is not None, "a fresh entry has its own bytes"
                 plan.append(own)
-                previous = -2
-                continue
-            i = index[key]
-            if i == previous + 1:
-                plan[-1][1] = i
-            else:
-                plan.append([i, i])
-            previous = i
+                changed.append(keys[i])
+                at = i + 1
+            if at < len(keys):
+                plan.append([at, len(keys) - 1])
+        else:
+            index = {k: i for i, k in enumerate(joined.built)} if old is not None else {}
+            previous = -2
+            for key in keys:
+                own = getattr(entries[key], kind)
+                if own is not None:
+                    plan.append(own)
+                    changed.append(key)
+                    previous = -2
+                    continue
+                i = index[key]
+                if i == previous + 1:
+                    plan[-1][1] = i
+                else:
+                    plan.append([i, i])
+                previous = i
         bufs: list[bytes] = []
-        bounds: list[array[int]] = []
+        all_lengths: list[array[int]] = []
         for f in range(len(self.families)):
             parts: list[bytes | memoryview] = []
-            offsets = array("I", [0])  # 4 bytes each: a segment's buffer stays far below 4 GiB
-            total = 0
-            view = memoryview(old[f]) if old is not None else memoryview(b"")
-            was = joined.bounds[f] if old is not None else offsets
+            lengths = array("I")  # 4 bytes each: a segment's buffer stays far below 4 GiB
+            if old is not None:
+                view, was = memoryview(old[f]), joined.lengths[f]
+            pos = at = 0  # byte position and entry index in the previous buffer
             for item in plan:
                 if isinstance(item, tuple):
                     part = item[f]
                     parts.append(part)
-                    total += len(part)
-                    offsets.append(total)
+                    lengths.append(len(part))
                 else:
                     first, last = item
-                    start, end = was[first], was[last + 1]
-                    parts.append(view[start:end])
-                    offsets.extend(map((total - start).__add__, was[first + 1 : last + 2]))
-                    total += end - start
+                    if first > at:
+                        pos += sum(was[at:first])
+                    run = was[first : last + 1]
+                    size = sum(run)
+                    parts.append(view[pos : pos + size])
+                    lengths.extend(run)
+                    pos += size
+                    at = last + 1
             data = b"".join(parts)
             bufs.append(old[f] if old is not None and old[f] == data else data)
-            bounds.append(offsets)
-        for key in segment.keys:
+            all_lengths.append(lengths)
+        for key in changed:
             setattr(entries[key], kind, None)
         if kind == LINES:
             served = {id(c.data): c for c in segment.chunks}
@@ -349,7 +378,9 @@ class SeriesStore(Generic[T]):
         else:
             kept = {id(g.buffers[0]): g for g in segment.groups if g.buffers}
             segment.groups = [kept.get(id(buf)) or PointGroup([buf], len(buf)) for buf in bufs]
-        joined.bufs, joined.bounds, joined.built, joined.stale = bufs, bounds, list(segment.keys), False
+        joined.bufs, joined.lengths, joined.built = bufs, all_lengths, list(keys)
+        joined.stale, joined.reshaped = False, False
+        joined.fresh = set()
 
     # --- segment index (callers hold the lock) ------------------------------------------------
     def _segment_index(self, key: str) -> int:

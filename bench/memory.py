@@ -1,0 +1,97 @@
+"""In-process memory of the exporter's cache at N claims, without an API server or HTTP.
+
+    python -m bench.memory 100000 [--otlp]
+    python -m bench.memory 100000 --exporter-path /tmp/older-tree     # another version of otel_dra
+
+Feeds the stores of a ClusterState the bench/workload.py objects (DeviceClasses, slices, claims),
+as a full list in key order like the API server's, then joins every segment (as the first scrape,
+and with --otlp the first push, would) and reports the process's RSS growth. It measures the
+cache and the joins, not the benchmark's process (interpreter, HTTP server, watch buffers): use it
+to compare versions at sizes the full harness takes too long for, not as the RSS of a deployment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+
+def rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _objects(make: Callable[[int], dict[str, Any]], count: int, prefix: str) -> Iterator[dict[str, Any]]:
+    status_write = {"manager": "bench", "operation": "Update", "subresource": "status", "time": "2026-11-30T00:00:01Z"}
+    for i in range(count):
+        obj = make(i)
+        obj["metadata"].update(
+            resourceVersion=str(i + 1),
+            uid=f"{prefix}{i}",
+            creationTimestamp="2026-11-30T00:00:00Z",
+            managedFields=[status_write],
+        )
+        yield obj
+
+
+def measure(claims: int, otlp: bool) -> dict[str, Any]:
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    from bench.workload import Workload, claim, device_class, resource_slice
+    from otel_dra.cluster.exporter import ClusterState
+
+    w = Workload(claims=claims, namespaces=100, classes=50)
+    state = ClusterState(object(), MeterProvider(), otlp=otlp)  # type: ignore[arg-type]
+    before = rss_mib()
+    start = time.perf_counter()
+    state.classes.replace(_objects(device_class, w.classes, "d"))
+    state.slices.replace(_objects(lambda i: resource_slice(i, w), w.slices, "s"))
+    # The API server lists by key: namespace, then name.
+    order = [j for ns in range(w.namespaces) for j in range(ns, w.claims, w.namespaces)]
+    state.claims.replace(_objects(lambda i: claim(order[i], w), w.claims, "c"))
+    build = time.perf_counter() - start
+    stores = getattr(state, "series_stores", state.stores)  # older versions have no joins
+    body = sum(len(c.data) for s in stores for _, chunks in s.blocks() for c in chunks)
+    if otlp:
+        for s in stores:
+            s.otlp_metrics()
+    gc.collect()
+    return {
+        "claims": claims,
+        "otlp": otlp,
+        "build_s": round(build, 1),
+        "body_mb": round(body / 1e6, 1),
+        "rss_growth_mib": round(rss_mib() - before),
+        "rss_mib": round(rss_mib()),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("claims", type=int)
+    parser.add_argument("--otlp", action="store_true", help="also encode OTLP points (as when pushing)")
+    parser.add_argument("--exporter-path", type=Path, default=None, help="measure otel_dra from this source tree")
+    args = parser.parse_args()
+    if args.exporter_path is not None:
+        from bench.scale import exporter_pythonpath
+
+        cmd = [sys.executable, "-m", "bench.memory", str(args.claims), *(["--otlp"] if args.otlp else [])]
+        env_path = exporter_pythonpath(args.exporter_path.resolve())
+        env = {**os.environ, "PYTHONPATH": f"{env_path}:{Path(__file__).resolve().parents[1]}"}
+        return subprocess.run(cmd, env=env, check=False).returncode
+    print(json.dumps(measure(args.claims, args.otlp)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
