@@ -209,7 +209,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from otel_dra.kubeletsim.sim import KubeletSim
     from otel_dra.telemetry.otlp import ConfigError
     from otel_dra.telemetry.tracing import build_tracing_pipeline
-    from otel_dra.testbed import BinariesMissingError, build, find_binaries, running
+    from otel_dra.testbed import find_or_build_binaries, running
 
     try:
         tracing = build_tracing_pipeline(service_name="otel-dra-kubelet-sim", version=__version__)
@@ -217,11 +217,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return 2
     stop = stop_on_signals()
-    try:
-        binaries = find_binaries()
-    except BinariesMissingError:
-        log.info("building the testbed binaries first (one time, several minutes)")
-        binaries = build()
+    binaries = find_or_build_binaries()
     with tempfile.TemporaryDirectory(prefix="otel-dra-demo-") as tmp:
         directory = Path(args.dir) if args.dir else Path(tmp)
         with running(directory / "testbed", scheduler=True, controller_manager=True, binaries=binaries) as testbed:

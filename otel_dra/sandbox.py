@@ -36,14 +36,10 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     from otel_dra.cli import start_exporter, stop_on_signals, wait_for
     from otel_dra.fixtures import apply_all, sample_objects
     from otel_dra.kube.client import KubeClient, load_credentials
-    from otel_dra.testbed import BinariesMissingError, build, find_binaries, running
+    from otel_dra.testbed import find_or_build_binaries, running
 
     stop = stop_on_signals()
-    try:
-        binaries = find_binaries()
-    except BinariesMissingError:
-        log.info("building the testbed binaries first (one time, several minutes)")
-        binaries = build()
+    binaries = find_or_build_binaries()
     with tempfile.TemporaryDirectory(prefix="otel-dra-sandbox-") as tmp:
         directory = Path(args.dir) if args.dir else Path(tmp)
         with running(directory, binaries=binaries) as testbed:

@@ -100,39 +100,10 @@ def listening(port: int) -> bool:
 
 def ready_node(client: Any, name: str) -> None:
     """Create a Node and report it Ready with room for pods: there is no kubelet to do it, and the
-    scheduler only binds pods to Ready nodes."""
-    from otel_dra.kube.client import ApiError
+    scheduler only binds pods to Ready nodes (the kubelet emulator's own helper)."""
+    from otel_dra.kubeletsim.nodes import ensure_node
 
-    try:
-        client.send_json(
-            "POST",
-            "/api/v1/nodes",
-            {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-            },
-        )
-    except ApiError as exc:
-        if exc.status != 409:
-            raise
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    status = {
-        "status": {
-            "conditions": [
-                {
-                    "type": "Ready",
-                    "status": "True",
-                    "reason": "KubeletReady",
-                    "lastHeartbeatTime": now,
-                    "lastTransitionTime": now,
-                }
-            ],
-            "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"},
-            "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
-        }
-    }
-    client.send_json("PATCH", f"/api/v1/nodes/{name}/status", status, content_type="application/merge-patch+json")
+    ensure_node(client, name)
 
 
 def claim_pod(name: str, namespace: str, claim: str, node: str | None = None) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from otel_dra.testbed.build import (
     build,
     default_cache_root,
     find_binaries,
+    find_or_build_binaries,
 )
 from otel_dra.testbed.controlplane import (
     DEFAULT_FEATURE_GATES,
@@ -38,6 +39,7 @@ __all__ = [
     "default_cache_root",
     "down",
     "find_binaries",
+    "find_or_build_binaries",
     "running",
     "up",
 ]

@@ -169,6 +169,15 @@ def find_binaries(cache_root: Path | None = None) -> Binaries:
     return binaries
 
 
+def find_or_build_binaries() -> Binaries:
+    """The built binaries, building them first when missing (several minutes, once)."""
+    try:
+        return find_binaries()
+    except BinariesMissingError:
+        _print_progress("building the testbed binaries first (one time, several minutes)")
+        return build()
+
+
 def _is_executable(path: Path) -> bool:
     return path.is_file() and os.access(path, os.X_OK)
 
