@@ -39,11 +39,13 @@ test: lint peers
 
 # The demo: a local control plane, simulated GPU nodes running the instrumented plugin, the kubelet
 # emulator, a cycling workload, and the exporter on :8080 (plugins' metrics on :8081, :8082).
-run: peers
+# Needs only etcd and the Kubernetes binaries, which the command builds itself when missing (not the
+# Collector, Jaeger or helm that `peers` adds for the tests).
+run: install
 	$(BIN)/otel-dra demo
 
 # The sandbox: a local API server with sample DRA objects and the exporter on :8080.
-sandbox: peers
+sandbox: install
 	$(BIN)/otel-dra sandbox
 
 bench: peers
