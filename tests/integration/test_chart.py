@@ -53,7 +53,7 @@ def test_default_render_is_secure_and_least_privilege(helm):
     assert role["rules"] == [
         {
             "apiGroups": ["resource.k8s.io"],
-            "resources": ["resourceclaims", "resourceslices", "deviceclasses"],
+            "resources": ["resourceclaims", "resourceslices", "deviceclasses", "devicetaintrules"],
             "verbs": ["list", "watch"],
         }
     ]
@@ -173,6 +173,8 @@ def test_chart_serviceaccount_can_exactly_what_the_exporter_needs(helm, testbed,
         "resourceclaims.resource.k8s.io",
         "resourceslices.resource.k8s.io",
         "deviceclasses.resource.k8s.io",
+        # devicetaintrules: not served by this API server (alpha, needs the scheduler's testbed),
+        # so `can-i` cannot resolve it; the rendered rule is checked in the render test.
     ):
         assert can("list", resource) and can("watch", resource)
         assert not can("get", resource) and not can("create", resource) and not can("delete", resource)
