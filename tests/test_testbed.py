@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
+from otel_dra.kube.client import KubeClient, load_credentials
+from otel_dra.kubeletsim.nodes import ensure_node
 from otel_dra.testbed import (
     KUBERNETES_VERSION,
     Binaries,
@@ -362,23 +364,7 @@ def test_scheduler_allocates_a_claim_from_a_template(testbed_sched: Testbed) -> 
     tb.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objects))
     try:
         # There is no kubelet: play its part by reporting the Node Ready with room for pods.
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        status = {
-            "status": {
-                "conditions": [
-                    {
-                        "type": "Ready",
-                        "status": "True",
-                        "reason": "KubeletReady",
-                        "lastHeartbeatTime": now,
-                        "lastTransitionTime": now,
-                    }
-                ],
-                "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"},
-                "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
-            }
-        }
-        tb.kubectl("patch", "node", node, "--subresource=status", "--type=merge", "-p", json.dumps(status))
+        ensure_node(KubeClient(load_credentials(str(tb.kubeconfig))), node)
 
         def claim_allocated() -> Any:
             claims = _get_json(tb, "resourceclaims", f"--namespace={ns}")["items"]
