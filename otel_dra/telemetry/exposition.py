@@ -43,6 +43,9 @@ class GaugeFamily:
     prom_name: str = field(init=False)
     _order: tuple[int, ...] = field(init=False, repr=False)
     _keys: tuple[str, ...] = field(init=False, repr=False)
+    # Per label (in output order), rendered `key="value"` pairs of recent values: label values
+    # repeat a lot (namespaces, drivers, pools, states, an object's name across its families).
+    _pairs: tuple[dict[str, str], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prom_name", prometheus_name(self.name, self.unit))
@@ -51,6 +54,7 @@ class GaugeFamily:
         order = tuple(sorted(range(len(keys)), key=lambda i: keys[i]))
         object.__setattr__(self, "_order", order)
         object.__setattr__(self, "_keys", tuple(keys[i] for i in order))
+        object.__setattr__(self, "_pairs", tuple({} for _ in order))
 
     def header(self, openmetrics: bool) -> bytes:
         name = self.prom_name
@@ -68,14 +72,33 @@ class GaugeFamily:
     def render(self, samples: Iterable[tuple[Sequence[str], float]]) -> bytes:
         """Exposition lines (identical in text 0.0.4 and OpenMetrics for gauges)."""
         out: list[str] = []
-        keys, order, name = self._keys, self._order, self.prom_name
+        keys, name = self._keys, self.prom_name
+        slots = tuple(zip(self._pairs, self._order, range(len(keys)), strict=True))
         for values, value in samples:
+            number = _NUMBERS.get(value)
+            if number is None:
+                number = floatToGoString(value)
             if keys:
-                pairs = ",".join(f'{k}="{_escape(values[i])}"' for k, i in zip(keys, order, strict=True))
-                out.append(f"{name}{{{pairs}}} {floatToGoString(value)}\n")
+                pairs = []
+                for cache, i, j in slots:
+                    text = values[i]
+                    pair = cache.get(text)
+                    if pair is None:
+                        pair = f'{keys[j]}="{_escape(text)}"'
+                        if len(cache) >= _CACHE_SIZE:
+                            cache.clear()  # crude, bounded: unique values (object names) keep cycling
+                        cache[text] = pair
+                    pairs.append(pair)
+                out.append(f"{name}{{{','.join(pairs)}}} {number}\n")
             else:
-                out.append(f"{name} {floatToGoString(value)}\n")
+                out.append(f"{name} {number}\n")
         return "".join(out).encode()
+
+
+# Label values remembered per label of a family.
+_CACHE_SIZE = 1024
+# Values that info series and counts use a lot, formatted once. (Not 0.0: it would also match -0.0.)
+_NUMBERS = {v: floatToGoString(v) for v in (1.0, 2.0, 3.0)}
 
 
 def _escape(value: str) -> str:

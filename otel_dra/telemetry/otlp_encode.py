@@ -42,6 +42,9 @@ _PLACEHOLDER = b"\x19" + b"\xa5\x5a\xc3\x3c\x96\x69\xf0\x0f"
 _DOUBLE = struct.Struct("<d")
 _FIXED64 = struct.Struct("<Q")
 
+# Values remembered per attribute key by a PointEncoder.
+_CACHE_SIZE = 1024
+
 # Requests are split so that none exceeds this size: gRPC servers (the Collector's OTLP receiver
 # included) refuse messages above 4 MiB by default.
 MAX_REQUEST_BYTES = 3 * 1024 * 1024
@@ -73,19 +76,32 @@ class PointEncoder:
 
     keys: tuple[str, ...]
     _key_fields: tuple[bytes, ...] = field(init=False, repr=False)
+    # Per key, encoded attribute fields of recent values: label values repeat a lot (namespaces,
+    # drivers, pools, states, and each object's name across its families).
+    _cache: tuple[dict[str, bytes], ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_key_fields", tuple(_field(0x0A, _utf8(k)) for k in self.keys))
+        object.__setattr__(self, "_cache", tuple({} for _ in self.keys))
+
+    def _attribute(self, i: int, text: str) -> bytes:
+        string = _field(0x0A, _utf8(text))  # AnyValue.string_value = 1
+        kv = self._key_fields[i] + b"\x12" + _varint(len(string)) + string  # KeyValue.value = 2
+        encoded = b"\x3a" + _varint(len(kv)) + kv  # NumberDataPoint.attributes = 7
+        cache = self._cache[i]
+        if len(cache) >= _CACHE_SIZE:
+            cache.clear()  # crude, bounded: unique values (object names) keep cycling through
+        cache[text] = encoded
+        return encoded
 
     def encode(self, samples: Iterable[tuple[Sequence[str], float]]) -> bytes:
         out = []
-        key_fields = self._key_fields
+        caches = self._cache
         for values, value in samples:
             parts = [_PLACEHOLDER]
-            for key_field, text in zip(key_fields, values, strict=True):
-                string = _field(0x0A, _utf8(text))  # AnyValue.string_value = 1
-                kv = key_field + b"\x12" + _varint(len(string)) + string  # KeyValue.value = 2
-                parts.append(b"\x3a" + _varint(len(kv)) + kv)  # NumberDataPoint.attributes = 7
+            for i, (cache, text) in enumerate(zip(caches, values, strict=True)):
+                encoded = cache.get(text)
+                parts.append(encoded if encoded is not None else self._attribute(i, text))
             parts.append(b"\x21" + _DOUBLE.pack(value))  # as_double = 4, last (see _PLACEHOLDER)
             point = b"".join(parts)
             out.append(b"\x0a" + _varint(len(point)) + point)  # Gauge.data_points = 1
