@@ -14,7 +14,13 @@ machine.
 Measured, per variant:
 - per-claim prepare and unprepare latency as the kubelet sees it: the wall time of each
   NodePrepareResources / NodeUnprepareResources call (one claim per call, since each pod has one
-  claim), gRPC included; p50 / p99;
+  claim), gRPC and the claim read included; p50 / p99;
+- the plugin's prepare histogram (``dra_example_driver_prepare_claim_duration_seconds``, the
+  driver's work after reading the claim, as upstream's): mean, the share of claims under 5 ms,
+  and p50 / p99 the way a dashboard (and upstream's 2.7 / ~5 ms figures) compute them,
+  ``histogram_quantile`` over its buckets;
+- with tracing on, the same driver time exactly, per claim, from the exported spans (claim span
+  end minus claim-read span end, see :func:`bench.sink.driver_seconds`); p50 / p99;
 - claims per second: claims prepared per second of a round, from the first prepare call starting
   to the last one returning (bounded by how fast the scheduler allocates, reported for context);
 - the plugin's own CPU time per prepared+unprepared claim.
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -78,18 +85,49 @@ def wait(what: str, predicate: Any, timeout: float = 300) -> None:
         time.sleep(0.05)
 
 
-def in_plugin(port: int) -> dict[str, float]:
-    """Sum and count of the plugin's own prepare/unprepare histograms (its view, without gRPC)."""
+_BUCKET = re.compile(r"^dra_example_driver_prepare_claim_duration_seconds_bucket\{(.*)\} (\S+)$")
+
+
+def in_plugin(port: int) -> dict[str, Any]:
+    """Sum and count of the plugin's own prepare/unprepare histograms (its view, without gRPC),
+    and the prepare histogram's cumulative bucket counts (``le`` -> count)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
         text = resp.read().decode()
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {"prepare_buckets": {}}
     for line in text.splitlines():
         for op in ("prepare", "unprepare"):
             for part in ("sum", "count"):
                 prefix = f'dra_example_driver_{op}_claim_duration_seconds_{part}{{result="success"}} '
                 if line.startswith(prefix):
                     out[f"{op}_{part}"] = float(line[len(prefix) :])
+        bucket = _BUCKET.match(line)
+        if bucket and 'result="success"' in bucket.group(1):
+            le = re.search(r'le="([^"]+)"', bucket.group(1))
+            assert le, line
+            out["prepare_buckets"][float(le.group(1))] = float(bucket.group(2))
     return out
+
+
+def histogram_quantile(q: float, buckets: dict[float, float]) -> float:
+    """Prometheus' histogram_quantile over cumulative ``le`` -> count: linear interpolation inside
+    the bucket holding the rank, the first bucket starting at 0."""
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]]
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for le in bounds:
+        count = buckets[le]
+        if count >= rank:
+            if le == float("inf"):
+                return lower
+            return lower + (le - lower) * (rank - below) / (count - below)
+        lower, below = le, count
+    return lower
+
+
+def sink_driver_seconds(port: int) -> list[float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/driver", timeout=10) as resp:
+        return list(json.loads(resp.read()))
 
 
 def one_round(client: KubeClient, sim: KubeletSim, calls: Calls, pods: int, first: int) -> dict[str, Any]:
@@ -122,8 +160,23 @@ def summarize(rounds: list[dict[str, Any]], cpu: float) -> dict[str, Any]:
     ms = lambda v: round(v * 1000, 2)  # noqa: E731
     inside = [r["in_plugin"] for r in rounds if r.get("in_plugin")]
     mean = lambda op: sum(i[f"{op}_sum"] for i in inside) / max(1, sum(i[f"{op}_count"] for i in inside))  # noqa: E731
+    buckets: dict[float, float] = {}
+    for i in inside:
+        for le, count in i["prepare_buckets"].items():
+            buckets[le] = buckets.get(le, 0.0) + count
+    driver = [x for r in rounds for x in r.get("driver_s", [])]
+    exact = {}
+    if driver:
+        exact = {
+            "driver_prepare_p50_ms": ms(statistics.median(driver)),
+            "driver_prepare_p99_ms": ms(percentile(driver, 0.99)),
+        }
     return {
         "in_plugin_prepare_mean_ms": ms(mean("prepare")),
+        "in_plugin_prepare_histogram_p50_ms": ms(histogram_quantile(0.5, buckets)),
+        "in_plugin_prepare_histogram_p99_ms": ms(histogram_quantile(0.99, buckets)),
+        "in_plugin_prepare_share_under_5ms": round(buckets[0.005] / buckets[float("inf")], 4),
+        **exact,
         "in_plugin_unprepare_mean_ms": ms(mean("unprepare")),
         "claims": len(prep),
         "prepare_p50_ms": ms(statistics.median(prep)),
@@ -177,6 +230,9 @@ def main() -> int:
                         result = one_round(client, sim, calls, args.pods, first)
                         cpu[variant] += cpu_seconds(plugin.process.pid) - before
                         result["in_plugin"] = in_plugin(metrics_port)
+                        if variant == "on":
+                            plugin.stop()  # flushes the last spans to the sink
+                            result["driver_s"] = sink_driver_seconds(sink_port)
                     finally:
                         plugin.stop()
                         wait("plugin deregistered", lambda: sim.watchers[NODE].plugin("gpu.example.com") is None, 30)

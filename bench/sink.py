@@ -1,7 +1,10 @@
-"""An OTLP/HTTP sink for benchmarks: accepts POST /v1/metrics, counts bytes, answers 200.
+"""An OTLP/HTTP sink for benchmarks: accepts POST /v1/metrics and /v1/traces, counts bytes,
+answers 200.
 
 Runs as its own process so that receiving ~100 MB per export does not compete with the
-benchmark's timing client for the GIL."""
+benchmark's timing client for the GIL. From traces of the example kubelet plugin it also keeps,
+per prepared claim, the driver's time after reading the claim (``GET /driver`` hands them over
+and forgets them): see :func:`driver_seconds`."""
 
 from __future__ import annotations
 
@@ -11,11 +14,28 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+
+def driver_seconds(body: bytes) -> list[float]:
+    """Per freshly prepared claim in an OTLP trace export: from the end of its claim read (the
+    GET child span) to the end of its ``prepare claim`` span, i.e. what upstream's histogram
+    times. Claims answered from the checkpoint have no GET and are skipped."""
+    request = ExportTraceServiceRequest.FromString(body)
+    spans = [s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    claims = {s.span_id: s for s in spans if s.name == "prepare claim"}
+    return [
+        (claims[s.parent_span_id].end_time_unix_nano - s.end_time_unix_nano) / 1e9
+        for s in spans
+        if s.name.startswith("GET ") and s.parent_span_id in claims
+    ]
+
 
 class Sink(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     received = 0
     windows: list[tuple[float, float]] = []  # wall-clock (start, end) of each request
+    driver: list[float] = []  # see driver_seconds
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -24,8 +44,14 @@ class Sink(BaseHTTPRequestHandler):
         start = time.time()
         length = int(self.headers.get("Content-Length", "0"))
         remaining = length
+        chunks = []
         while remaining:
-            remaining -= len(self.rfile.read(min(remaining, 1 << 20)))
+            chunk = self.rfile.read(min(remaining, 1 << 20))
+            remaining -= len(chunk)
+            if self.path == "/v1/traces":
+                chunks.append(chunk)
+        if chunks:
+            Sink.driver += driver_seconds(b"".join(chunks))
         Sink.received += length
         Sink.windows.append((start, time.time()))
         self.send_response(200)
@@ -34,7 +60,11 @@ class Sink(BaseHTTPRequestHandler):
         self.end_headers()
 
     def do_GET(self) -> None:
-        data = Sink.windows if self.path == "/windows" else Sink.received
+        data: Any = Sink.received
+        if self.path == "/windows":
+            data = Sink.windows
+        elif self.path == "/driver":
+            data, Sink.driver = Sink.driver, []
         body = json.dumps(data).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))

@@ -70,7 +70,7 @@ class CdiWriter:
 
     def remove_claim(self, claim_uid: str) -> bool:
         """Delete the claim's spec file; False when there was none (already unprepared)."""
-        return remove_file(self.claim_spec_path(claim_uid), durable=False)
+        return remove_file(self.claim_spec_path(claim_uid))
 
 
 def env_name(device_name: str) -> str:

@@ -167,10 +167,10 @@ class Driver:
         self,
         operation: str,
         ref: ClaimRef,
-        work: Callable[[ClaimRef, Span], tuple[PreparedDevice, ...]],
+        work: Callable[[ClaimRef, Span, _Stopwatch], tuple[PreparedDevice, ...]],
         record: Callable[[bool, float], None],
     ) -> ClaimResult:
-        start = self._clock()
+        watch = _Stopwatch(self._clock)
         attributes: dict[str, Any] = {
             K8S_NAMESPACE: ref.namespace,
             CLAIM_NAME: ref.name,
@@ -183,7 +183,7 @@ class Driver:
             f"{operation} claim", attributes=attributes, record_exception=False, set_status_on_exception=False
         ) as span:
             try:
-                devices = work(ref, span)
+                devices = work(ref, span, watch)
             except Exception as exc:
                 kind = exc.kind if isinstance(exc, ClaimError) else "Internal"
                 if not isinstance(exc, ClaimError):
@@ -200,11 +200,11 @@ class Driver:
                 span.set_attribute(DEVICES, [d.device_name for d in devices])
                 result = ClaimResult(devices=devices)
                 log.debug("%s claim %s: %s", operation, ref, ", ".join(d.device_name for d in devices) or "-")
-        record(result.ok, self._clock() - start)
+        record(result.ok, watch.elapsed())
         return result
 
     # --- prepare -------------------------------------------------------------------------------
-    def _prepare_claim(self, ref: ClaimRef, span: Span) -> tuple[PreparedDevice, ...]:
+    def _prepare_claim(self, ref: ClaimRef, span: Span, watch: _Stopwatch) -> tuple[PreparedDevice, ...]:
         _validate(ref, full=True)
         with self._claim_lock(ref.uid):
             cached = self.checkpoint.get(ref.uid)
@@ -216,6 +216,11 @@ class Driver:
                 return cached.devices
             span.set_attribute(CACHED, False)
             claim = self._read_claim(ref)
+            # The duration histogram times the driver's own work, as upstream's does: there the
+            # kubelet-plugin helper reads the claim before the driver (and its timer) gets it. The
+            # read has its own metrics (rest_client_request_duration_seconds{verb="GET"}) and span;
+            # a claim whose read failed is observed with the time the failed read took.
+            watch.restart()
             results = self._results_for_this_node(ref, claim)
             self._write_cdi(ref, list(dict.fromkeys(r["device"] for r in results)))
             devices = tuple(
@@ -314,7 +319,7 @@ class Driver:
                 raise ClaimError("CDIWriteFailed", f"cannot write CDI spec {path}: {exc}") from exc
 
     # --- unprepare -----------------------------------------------------------------------------
-    def _unprepare_claim(self, ref: ClaimRef, span: Span) -> tuple[PreparedDevice, ...]:
+    def _unprepare_claim(self, ref: ClaimRef, span: Span, watch: _Stopwatch) -> tuple[PreparedDevice, ...]:
         _validate(ref, full=False)
         with self._claim_lock(ref.uid):
             entry = self.checkpoint.get(ref.uid)
@@ -332,6 +337,22 @@ class Driver:
                 except OSError as exc:
                     raise ClaimError("CheckpointWriteFailed", f"cannot write the checkpoint: {exc}") from exc
             return entry.devices
+
+
+class _Stopwatch:
+    """Times one claim for the duration histogram."""
+
+    __slots__ = ("_clock", "_start")
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._start = clock()
+
+    def restart(self) -> None:
+        self._start = self._clock()
+
+    def elapsed(self) -> float:
+        return self._clock() - self._start
 
 
 def _validate(ref: ClaimRef, *, full: bool) -> None:

@@ -283,6 +283,13 @@ def test_prepare_and_unprepare(start, kubelet, dirs, node, namespace, admin_clie
     ]
     assert steps[0].kind == SpanKind.CLIENT and steps[0].attributes["http.response.status_code"] == 200
     assert all(s.status.status_code == StatusCode.UNSET for s in spans)
+    # The histogram times the driver's work after the claim was read (as upstream's, where the
+    # helper reads the claim): from the end of the GET span to the end of the claim span, at least
+    # the CDI and checkpoint writes. Span times and the plugin's clock differ; allow 0.5 ms.
+    observed = metric(port, "dra_example_driver_prepare_claim_duration_seconds_sum", result="success")
+    get, cdi, checkpoint = steps
+    assert observed <= (claim_span.end_time - get.end_time) / 1e9 + 0.0005
+    assert observed >= (checkpoint.end_time - cdi.start_time) / 1e9 - 0.0005
 
     # Idempotent: the same answer again, from the checkpoint, without reading the claim.
     again = kubelet.prepare([ref(claim)])
