@@ -13,6 +13,7 @@ plus one buffer write per segment, not with Python-level work per series. See do
 Rendered bytes (Prometheus lines, OTLP points) are held once: an entry keeps its own bytes only
 until its segment is next joined; after that they live in the segment's joined buffers, found
 through per-family offsets, and a re-join takes unchanged entries' bytes from the previous buffers.
+Joined OTLP points are kept zlib-compressed (read only at a push; see PointGroup).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import contextlib
 import gc
 import logging
 import threading
+import zlib
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -58,11 +60,13 @@ class _Joined:
     """One kind of a segment's rendered bytes, as last joined: per family, the joined buffer and
     the length of each entry's part of it, in the order of ``built``. Kept while stale: a re-join
     takes the unchanged entries' bytes from there. ``fresh`` holds the keys whose entries got new
-    bytes since; ``reshaped`` says whether keys came or went (then ``built`` no longer matches)."""
+    bytes since; ``reshaped`` says whether keys came or went (then ``built`` no longer matches).
+    ``packed`` buffers are zlib-compressed (OTLP points, read only at a push)."""
 
-    __slots__ = ("bufs", "built", "fresh", "lengths", "reshaped", "stale")
+    __slots__ = ("bufs", "built", "fresh", "lengths", "packed", "reshaped", "stale")
 
-    def __init__(self) -> None:
+    def __init__(self, packed: bool = False) -> None:
+        self.packed = packed
         self.bufs: list[bytes] | None = None
         self.lengths: list[array[int]] = []
         self.built: list[str] = []
@@ -70,12 +74,17 @@ class _Joined:
         self.fresh: set[str] = set()
         self.reshaped = True
 
+    def raw(self) -> list[bytes]:
+        """The buffers of the last join, unpacked if need be."""
+        assert self.bufs is not None
+        return [zlib.decompress(b) for b in self.bufs] if self.packed else self.bufs
+
     def unjoin(self) -> Iterator[tuple[str, tuple[bytes, ...]]]:
         """Every entry of the last join with its bytes, copied out of the buffers."""
-        assert self.bufs is not None
+        bufs = self.raw()
         offsets = [list(accumulate(lengths, initial=0)) for lengths in self.lengths]
         for i, key in enumerate(self.built):
-            yield key, tuple(buf[o[i] : o[i + 1]] for buf, o in zip(self.bufs, offsets, strict=True))
+            yield key, tuple(buf[o[i] : o[i + 1]] for buf, o in zip(bufs, offsets, strict=True))
 
 
 class _Segment:
@@ -84,7 +93,7 @@ class _Segment:
     def __init__(self, keys: list[str]) -> None:
         self.keys = keys
         self.lines = _Joined()
-        self.points = _Joined()
+        self.points = _Joined(packed=True)
         # The joined buffers as served: Chunks (with their cached gzip members) and PointGroups.
         self.chunks: list[Chunk] = []
         self.groups: list[PointGroup] = []
@@ -310,7 +319,8 @@ class SeriesStore(Generic[T]):
         cached gzip member) or PointGroup."""
         entries = self._entries if entries is None else entries
         joined = segment.joined(kind)
-        old = joined.bufs
+        stored = joined.bufs
+        old = joined.raw() if stored is not None else None
         keys = segment.keys
         # The plan, shared by all families: an entry's own bytes (a tuple), or a run [first, last]
         # of consecutive entries of the previous join (a list), in key order.
@@ -368,7 +378,10 @@ class SeriesStore(Generic[T]):
                     pos += size
                     at = last + 1
             data = b"".join(parts)
-            bufs.append(old[f] if old is not None and old[f] == data else data)
+            if stored is not None and old is not None and old[f] == data:
+                bufs.append(stored[f])  # unchanged: the same object keeps its Chunk / PointGroup
+            else:
+                bufs.append(zlib.compress(data, 1) if joined.packed else data)
             all_lengths.append(lengths)
         for key in changed:
             setattr(entries[key], kind, None)
@@ -377,7 +390,10 @@ class SeriesStore(Generic[T]):
             segment.chunks = [served.get(id(buf)) or Chunk(buf) for buf in bufs]
         else:
             kept = {id(g.buffers[0]): g for g in segment.groups if g.buffers}
-            segment.groups = [kept.get(id(buf)) or PointGroup([buf], len(buf)) for buf in bufs]
+            segment.groups = [
+                kept.get(id(buf)) or PointGroup([buf], sum(lengths), packed=True)
+                for buf, lengths in zip(bufs, all_lengths, strict=True)
+            ]
         joined.bufs, joined.lengths, joined.built = bufs, all_lengths, list(keys)
         joined.stale, joined.reshaped = False, False
         joined.fresh = set()
@@ -401,7 +417,7 @@ class SeriesStore(Generic[T]):
         self._firsts[i] = segment.keys[0]
         if len(segment.keys) >= 2 * self._segment_size:
             self._materialize(segment)  # its last join does not describe the halves
-            segment.lines, segment.points = _Joined(), _Joined()
+            segment.lines, segment.points = _Joined(), _Joined(packed=True)
             half = len(segment.keys) // 2
             tail = _Segment(segment.keys[half:])
             segment.keys = segment.keys[:half]

@@ -285,6 +285,6 @@ def test_initial_list_is_joined_as_it_streams_in_key_order_or_not():
     ]
 
     def points(store):
-        return [(h.name, b"".join(b for g in gs for b in g.buffers)) for h, gs in store.otlp_metrics()]
+        return [(h.name, b"".join(b for g in gs for b in g.raw())) for h, gs in store.otlp_metrics()]
 
     assert points(ordered) == points(shuffled) and any(data for _, data in points(ordered))

@@ -117,7 +117,9 @@ def test_unchanged_segments_reuse_their_point_groups():
     store.upsert({"metadata": {"name": "c3", "resourceVersion": "2", "annotations": {"hourly-cost": "5"}}})
     second = store.otlp_metrics()[0][1]
     assert [a is b for a, b in zip(first, second, strict=True)] == [True, False, True]
-    assert second[1].size == sum(map(len, second[1].buffers)) > 0
+    assert second[1].size == sum(map(len, second[1].raw())) > 0
+    # Stored compressed, unpacked for a push.
+    assert second[1].packed and sum(map(len, second[1].buffers)) < second[1].size
 
 
 def test_points_survive_rejoins_splits_and_relists():
