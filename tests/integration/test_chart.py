@@ -104,6 +104,7 @@ def test_otlp_values_become_otel_env(helm):
         (["image.digest=latest"], "digest"),
         (["sharding.shards=0"], "shards"),
         (["exporter.logFormat=xml"], "logFormat"),
+        (["exporter.staleAfter=86400"], "staleAfter"),  # the CLI wants < 86400
     ],
 )
 def test_schema_rejections(helm, sets, message):
