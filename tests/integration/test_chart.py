@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -10,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from otel_dra.cli import build_parser
+from otel_dra.cluster.resourceslice import DEFAULT_DEVICE_ATTRIBUTES, MAX_DEVICE_ATTRIBUTES
 from otel_dra.testbed.build import prometheus_operator_crds
 from tests.helpers import wait_until
 
@@ -104,6 +108,23 @@ def test_otlp_values_become_otel_env(helm):
         (["image.digest=latest"], "digest"),
         (["sharding.shards=0"], "shards"),
         (["exporter.logFormat=xml"], "logFormat"),
+        (["exporter.staleAfter=86400"], "staleAfter"),  # the CLI wants < 86400
+        (
+            ["exporter.deviceAttributes={" + ",".join(f"a{i}" for i in range(MAX_DEVICE_ATTRIBUTES + 1)) + "}"],
+            "maxItems",
+        ),
+        (["exporter.deviceAttributes={type,1bad}"], "'1bad' does not match pattern"),
+        (["exporter.deviceAttributes={type,gpu.nvidia.com/product-name}"], "does not match pattern"),
+        (["exporter.deviceAttributes={type,type}"], "deviceAttributes"),
+        (
+            ["exporter.deviceAttributes={productName,gpu.nvidia.com/productName}"],
+            "both become the label attribute_product_name",
+        ),
+        (["exporter.deviceAttributes=type"], "deviceAttributes"),  # a string, not a list
+        (["exporter.leakGracePeriod=0"], "leakGracePeriod"),
+        (["exporter.leakGracePeriod=-5"], "leakGracePeriod"),
+        (["exporter.leakGracePeriod=86400"], "leakGracePeriod"),
+        (["exporter.leakGracePeriod=10m"], "leakGracePeriod"),
     ],
 )
 def test_schema_rejections(helm, sets, message):
@@ -300,6 +321,106 @@ def test_plain_manifests_match_the_chart(helm):
         assert (OUT / name).read_text() == render_profile(helm, extra), (
             f"deploy/manifests/{name} is stale: make manifests"
         )
+
+
+# --- exporter flags: the chart renders only what the exporter's CLI accepts -------------------------
+
+
+def _exporter_container(docs: list[dict]) -> dict:
+    kinds = _by_kind(docs)
+    [workload] = kinds.get("Deployment", []) + kinds.get("StatefulSet", [])
+    [container] = workload["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _parse_with_cli(container: dict, monkeypatch: pytest.MonkeyPatch) -> argparse.Namespace:
+    """The rendered container's args, with its literal environment, through the real CLI parser
+    (which exits on a value it rejects, as the container would at start-up)."""
+    for name in [n for n in os.environ if n.startswith("OTEL_DRA_")]:
+        monkeypatch.delenv(name)
+    for var in container["env"]:
+        if "value" in var:
+            monkeypatch.setenv(var["name"], var["value"])
+    args = build_parser().parse_args(container["args"])
+    assert args.command == "exporter"
+    assert not getattr(args, "env_errors", None), args.env_errors
+    return args
+
+
+def _values_file(tmp_path: Path, exporter: dict) -> Path:
+    path = tmp_path / "exporter-values.yaml"
+    path.write_text(yaml.safe_dump({"exporter": exporter}))
+    return path
+
+
+def test_schema_device_attribute_limit_is_the_codes():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["properties"]["exporter"]["properties"]["deviceAttributes"]["maxItems"] == MAX_DEVICE_ATTRIBUTES
+
+
+def test_exporter_flag_defaults_are_the_clis(helm, monkeypatch):
+    container = _exporter_container(render(helm))
+    assert f"--device-attributes={DEFAULT_DEVICE_ATTRIBUTES}" in container["args"]
+    assert "--leak-grace-period=600" in container["args"]
+    rendered = _parse_with_cli(container, monkeypatch)
+    defaults = build_parser().parse_args(["exporter"])
+    assert rendered.device_attributes == defaults.device_attributes
+    assert rendered.leak_grace_period == defaults.leak_grace_period == 600.0
+
+
+@pytest.mark.parametrize("sets", [[], ["sharding.enabled=true", "sharding.shards=3"]], ids=["deployment", "sharded"])
+@pytest.mark.parametrize(
+    ("names", "grace"),
+    [
+        (["gpu.nvidia.com/productName", "memoryBandwidth", "index"], 90.5),
+        ([], 3600),
+        ([f"attr{i}" for i in range(MAX_DEVICE_ATTRIBUTES)], 0.25),
+    ],
+)
+def test_exporter_values_reach_the_cli(helm, monkeypatch, tmp_path, sets, names, grace):
+    values = _values_file(tmp_path, {"deviceAttributes": names, "leakGracePeriod": grace})
+    container = _exporter_container(render(helm, *sets, values=[values]))
+    assert f"--device-attributes={','.join(names)}" in container["args"]
+    assert f"--leak-grace-period={grace}" in container["args"]
+    args = _parse_with_cli(container, monkeypatch)
+    assert args.device_attributes.names == tuple(names)
+    assert args.leak_grace_period == grace
+
+
+@pytest.mark.parametrize(
+    ("names", "accepted"),
+    [
+        (DEFAULT_DEVICE_ATTRIBUTES.split(","), True),
+        (["x" * 32, "a/b", "example.com/UUID"], True),
+        (["productName", "productname"], True),  # attribute_product_name, attribute_productname
+        ([f"a{i}" for i in range(MAX_DEVICE_ATTRIBUTES + 1)], False),
+        (["x" * 33], False),
+        (["1bad"], False),
+        (["_x"], False),
+        (["bad-name"], False),
+        (["Gpu.com/x"], False),
+        (["a./x"], False),
+        (["a/b/c"], False),
+        (["gpu.nvidia.com/"], False),
+        (["type", "type"], False),
+        (["productName", "gpu.nvidia.com/productName"], False),
+        (["productName", "product_name"], False),
+        (["ABCDef", "abc_def"], False),
+        (["uuid", "example.com/UUID"], False),
+        (["a1B2", "a1_b2"], False),
+        (["x__y", "x_y"], False),
+    ],
+)
+def test_chart_accepts_exactly_the_device_attributes_the_cli_accepts(helm, tmp_path, capsys, names, accepted):
+    values = _values_file(tmp_path, {"deviceAttributes": names})
+    chart = _helm(helm, "template", "rel", str(CHART), "--kube-version", KUBE_VERSION, "-f", str(values), check=False)
+    assert (chart.returncode == 0) is accepted, chart.stderr
+    try:
+        build_parser().parse_args(["exporter", "--device-attributes=" + ",".join(names)])
+        cli_accepted = True
+    except SystemExit:
+        cli_accepted = False
+    assert cli_accepted is accepted, capsys.readouterr().err
 
 
 # --- the kubelet plugin (plugin.enabled) -------------------------------------------------------------

@@ -51,6 +51,19 @@ app.kubernetes.io/component: exporter
 {{- if and .Values.rbac.useExistingRole (not .Values.rbac.existingRoleName) }}
 {{- fail "rbac.useExistingRole=true needs rbac.existingRoleName" }}
 {{- end }}
+{{- /* Two device attributes that become the same label make the exporter exit at start-up; the
+     schema cannot see that, so compute each label as DeviceAttributes.parse does
+     (otel_dra/cluster/resourceslice.py: "attribute_" + the name after the domain in snake case). */}}
+{{- $labels := dict }}
+{{- range .Values.exporter.deviceAttributes }}
+{{- $label := regexReplaceAll "([A-Z]+)([A-Z][a-z])" (splitList "/" . | last) "${1}_${2}" }}
+{{- $label = regexReplaceAll "([a-z0-9])([A-Z])" $label "${1}_${2}" }}
+{{- $label = regexReplaceAll "[^a-z0-9]+" (lower $label) "_" | trimAll "_" }}
+{{- if hasKey $labels $label }}
+{{- fail (printf "exporter.deviceAttributes: %q and %q both become the label attribute_%s" (get $labels $label) . $label) }}
+{{- end }}
+{{- $_ := set $labels $label . }}
+{{- end }}
 {{- end }}
 
 {{/* The exporter pod template, shared by the Deployment and the sharded StatefulSet. */}}
@@ -88,6 +101,8 @@ spec:
         - --log-format={{ .Values.exporter.logFormat }}
         - --log-level={{ .Values.exporter.logLevel }}
         - --target-info={{ .Values.exporter.targetInfo }}
+        - --device-attributes={{ join "," .Values.exporter.deviceAttributes }}
+        - --leak-grace-period={{ .Values.exporter.leakGracePeriod }}
         {{- if .Values.sharding.enabled }}
         - --shard=auto
         - --total-shards={{ .Values.sharding.shards }}
