@@ -183,17 +183,25 @@ def lag_probes(admin: KubeClient, port: int, count: int) -> list[float]:
     return lags
 
 
-def overlap_scrapes(port: int, sink_port: int, baseline: dict[str, float], seconds: float) -> dict[str, Any]:
-    """Scrape back to back while pushes run; split scrapes by whether they overlapped a push.
+def overlap_scrapes(
+    port: int, sink_port: int, baseline: dict[str, float], seconds: float, gap: float = 0.0, prefix: str = ""
+) -> dict[str, Any]:
+    """Scrape while pushes run, ``gap`` seconds apart (0: back to back); split scrapes by whether
+    they overlapped a push.
 
+    Back to back, scrapes leave the pusher no gap to step into (see priority.py), so once its
+    deferral budget is spent every request overlaps a scrape: a worst case no Prometheus produces
+    (one scrape per target per interval). Spaced scrapes show the designed behaviour.
     A push is a burst of POSTs at the sink (gaps under 1 s), widened by 0.2 s at the start to
     cover building the first request."""
     samples = []
-    end = time.time() + seconds
+    since = time.time()
+    end = since + seconds
     while time.time() < end:
         start = time.time()
         samples.append((start, curl_time(port)))
-    posts = sorted(tuple(w) for w in json.loads(get(f"http://127.0.0.1:{sink_port}/windows")[1]))
+        time.sleep(gap)
+    posts = sorted(tuple(w) for w in json.loads(get(f"http://127.0.0.1:{sink_port}/windows")[1]) if w[1] >= since)
     bursts: list[list[float]] = []
     for a, b in posts:
         if bursts and a - bursts[-1][1] < 1.0:
@@ -210,7 +218,7 @@ def overlap_scrapes(port: int, sink_port: int, baseline: dict[str, float], secon
     if alone:
         out["alone_p50_ms"] = round(statistics.median(alone) * 1000, 1)
         out["alone_p95_ms"] = round(percentile(alone, 0.95) * 1000, 1)
-    return out
+    return {prefix + k: v for k, v in out.items()}
 
 
 def run_size(n: int, k: int, workdir: Path, phases: str = "ABCD") -> dict[str, Any]:
@@ -321,6 +329,7 @@ def run_size(n: int, k: int, workdir: Path, phases: str = "ABCD") -> dict[str, A
             time.sleep(1)
         r["otlp_scrape"] = scrapes(ex.port, k)
         r.update(overlap_scrapes(ex.port, sink_port, r["scrape"], seconds=25))
+        r.update(overlap_scrapes(ex.port, sink_port, r["scrape"], seconds=60, gap=0.5, prefix="spaced_"))
         s, c = self_metric(ex.port, "otel_dra_collection_duration_seconds", "otlp")
         cs, cc = self_metric(ex.port, "otel_dra_collection_cpu_time_seconds", "otlp")
         r["otlp_push_wall_s_mean"] = round(s / c, 3)
