@@ -193,7 +193,17 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=6, help="rounds in all, alternating tracing off/on")
     parser.add_argument("--pods", type=int, default=48)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the plugin alone on CPU 1, everything else (control plane, emulator, sink) on CPU 0, "
+        "as on a real node, where the control plane does not share the plugin's CPUs",
+    )
     args = parser.parse_args()
+    prefix: list[str] = []
+    if args.pin:
+        os.sched_setaffinity(0, {0})  # inherited by every process started from here on
+        prefix = ["taskset", "-c", "1"]
     sink_port = free_port()
     sink = subprocess.Popen([sys.executable, "-m", "bench.sink", str(sink_port)], stdout=subprocess.PIPE, text=True)
     rounds: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
@@ -222,7 +232,7 @@ def main() -> int:
                         env["OTEL_TRACES_SAMPLER"] = "always_on"
                     metrics_port = free_port()
                     plugin = start_plugin(
-                        NODE, Path(tmp) / "nodes", kubeconfig, metrics_port, env=env, num_devices=DEVICES
+                        NODE, Path(tmp) / "nodes", kubeconfig, metrics_port, env=env, num_devices=DEVICES, prefix=prefix
                     )
                     try:
                         wait("plugin registered", lambda: sim.watchers[NODE].plugin("gpu.example.com") is not None, 60)
@@ -253,6 +263,7 @@ def main() -> int:
     out = {
         "machine": machine(),
         "date": time.strftime("%Y-%m-%d"),
+        "pinned": args.pin,
         "pods_per_round": args.pods,
         "rounds_per_variant": args.rounds // 2,
         "tracing_off": summarize(rounds["off"], cpu["off"]),

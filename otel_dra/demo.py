@@ -23,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,16 +144,18 @@ def start_plugin(
     driver: str = DRIVER,
     num_devices: int = 8,
     env: Mapping[str, str] | None = None,
+    prefix: Sequence[str] = (),
 ) -> PluginProcess:
     """Run ``otel-dra plugin`` for ``node`` as its own process, like the DaemonSet pod on that node.
 
     ``env`` replaces this process's environment (default: inherited, so ``OTEL_*`` settings reach
-    the plugins)."""
+    the plugins); ``prefix`` goes before the command (a benchmark's ``taskset``)."""
     base = root / node
     for sub in ("plugins", "plugins_registry", "cdi"):
         (base / sub).mkdir(parents=True, exist_ok=True)
     log_path = base / "plugin.log"
     argv = [
+        *prefix,
         sys.executable,
         "-m",
         "otel_dra",
