@@ -103,12 +103,9 @@ class PointEncoder:
         # all points, cached attribute fields, and point sizes under 128 (one varint byte) looked up.
         out: list[bytes] = []
         caches = self._cache
-        count = len(caches)
         pack = _DOUBLE.pack
         for values, value in samples:
-            if len(values) != count:
-                raise ValueError(f"{len(values)} label values for {count} keys {self.keys}")
-            attributes = [cache.get(text) for cache, text in zip(caches, values)]
+            attributes = [cache.get(text) for cache, text in zip(caches, values, strict=True)]
             if None in attributes:
                 attributes = [
                     a if a is not None else self._attribute(i, values[i]) for i, a in enumerate(attributes)
