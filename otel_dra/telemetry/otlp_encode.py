@@ -43,9 +43,6 @@ _PLACEHOLDER = b"\x19" + b"\xa5\x5a\xc3\x3c\x96\x69\xf0\x0f"
 _DOUBLE = struct.Struct("<d")
 _FIXED64 = struct.Struct("<Q")
 
-# Gauge.data_points field headers (tag 1, length-delimited) of points shorter than 128 bytes.
-_POINT_HEADS = tuple(b"\x0a" + bytes((n,)) for n in range(128))
-
 # Values remembered per attribute key by a PointEncoder.
 _CACHE_SIZE = 1024
 
@@ -99,22 +96,16 @@ class PointEncoder:
         return encoded
 
     def encode(self, samples: Iterable[tuple[Sequence[str], float]]) -> bytes:
-        # The hot loop of an initial sync with OTLP on (a point per series): one list of parts for
-        # all points, cached attribute fields, and point sizes under 128 (one varint byte) looked up.
-        out: list[bytes] = []
+        out = []
         caches = self._cache
-        pack = _DOUBLE.pack
         for values, value in samples:
-            attributes = [cache.get(text) for cache, text in zip(caches, values, strict=True)]
-            if None in attributes:
-                attributes = [
-                    a if a is not None else self._attribute(i, values[i]) for i, a in enumerate(attributes)
-                ]
-            size = 18 + sum(map(len, attributes))  # placeholder 9 + as_double 9 (see _PLACEHOLDER)
-            out.append(_POINT_HEADS[size] if size < 128 else b"\x0a" + _varint(size))  # Gauge.data_points = 1
-            out.append(_PLACEHOLDER)
-            out += attributes
-            out.append(b"\x21" + pack(value))  # as_double = 4, last (see _PLACEHOLDER)
+            parts = [_PLACEHOLDER]
+            for i, (cache, text) in enumerate(zip(caches, values, strict=True)):
+                encoded = cache.get(text)
+                parts.append(encoded if encoded is not None else self._attribute(i, text))
+            parts.append(b"\x21" + _DOUBLE.pack(value))  # as_double = 4, last (see _PLACEHOLDER)
+            point = b"".join(parts)
+            out.append(b"\x0a" + _varint(len(point)) + point)  # Gauge.data_points = 1
         return b"".join(out)
 
 
