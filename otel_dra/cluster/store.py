@@ -184,6 +184,11 @@ class SeriesStore(Generic[T]):
         self.families = tuple(families)
         self._segment_size = segment_size
         self._encoders = tuple(PointEncoder(f.gauge.labels) for f in self.families) if otlp else None
+        # OTLP points are encoded from the first push on; until then (the initial list) only the
+        # lines are rendered, so that the exporter is ready as soon as it can serve a scrape. At
+        # workload L the points are ~7 s of CPU: the first push pays them (segment by segment,
+        # see otlp_metrics), an interval after start, instead of the initial sync.
+        self._points_wanted = False
         self._headers = tuple(MetricHeader(f.gauge.name, f.gauge.description, f.gauge.unit) for f in self.families)
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry[T]] = {}
@@ -195,12 +200,24 @@ class SeriesStore(Generic[T]):
             samples = [list(fam.samples(value)) for fam in self.families]
             lines = tuple(fam.gauge.render(s) for fam, s in zip(self.families, samples, strict=True))
             points = None
-            if self._encoders is not None:
+            if self._encoders is not None and self._points_wanted:
                 points = tuple(enc.encode(s) for enc, s in zip(self._encoders, samples, strict=True))
             return _Entry(rv, value, lines, points)
         except Exception as exc:  # one malformed object must never break the others
             report(f"malformed object, its series are omitted: {exc}")
             return self._empty(rv)
+
+    def _points(self, entry: _Entry[T], key: str) -> tuple[bytes, ...]:
+        """The OTLP points of an entry rendered before points were wanted."""
+        assert self._encoders is not None
+        if entry.obj is not None:
+            try:
+                return tuple(
+                    enc.encode(fam.samples(entry.obj)) for enc, fam in zip(self._encoders, self.families, strict=True)
+                )
+            except Exception as exc:  # its lines rendered from the same samples, so not expected
+                log.warning("%s %s: its OTLP points are omitted: %s", self.resource, key, exc)
+        return tuple(b"" for _ in self.families)
 
     def _empty(self, rv: str) -> _Entry[T]:
         empty = tuple(b"" for _ in self.families)
@@ -246,6 +263,10 @@ class SeriesStore(Generic[T]):
 
     # --- entry bookkeeping (callers hold the lock) -----------------------------------------------
     def _store(self, key: str, entry: _Entry[T]) -> None:
+        if entry.points is None and self._points_wanted:
+            # Rendered before the first push began (outside the lock), stored after: every entry
+            # stored from then on has its points, so that a joined segment's buffers hold them all.
+            entry.points = self._points(entry, key)
         if key not in self._entries:
             self._insert_key(key)
         else:
@@ -267,7 +288,7 @@ class SeriesStore(Generic[T]):
         return True
 
     def _kinds(self) -> tuple[str, ...]:
-        return (LINES, POINTS) if self._encoders is not None else (LINES,)
+        return (LINES, POINTS) if self._encoders is not None and self._points_wanted else (LINES,)
 
     def _swap(self, fresh: dict[str, _Entry[T]], segments: list[_Segment] | None = None) -> None:
         """Install ``fresh`` (segmented here, unless ``segments`` already covers it in order)."""
@@ -279,6 +300,7 @@ class SeriesStore(Generic[T]):
             # Entries carried over from the old segments take their bytes back before those go.
             for segment in self._segments:
                 self._materialize(segment, keep=fresh)
+                segment.keys = []  # retired (a first push may still hold it: see otlp_metrics)
             self._entries = fresh
             self._segments = segments
             self._firsts = [s.keys[0] for s in segments]
@@ -343,6 +365,9 @@ class SeriesStore(Generic[T]):
             previous = -2
             for key in keys:
                 own = getattr(entries[key], kind)
+                if own is None and old is None and kind == POINTS:
+                    # Never joined: the entry's points were deferred (see _points_wanted).
+                    own = entries[key].points = self._points(entries[key], key)
                 if own is not None:
                     plan.append(own)
                     changed.append(key)
@@ -438,6 +463,15 @@ class SeriesStore(Generic[T]):
         again only for segments changed since the last push)."""
         if self._encoders is None:
             return []
+        with self._lock:
+            deferred = [] if self._points_wanted else list(self._segments)
+            self._points_wanted = True
+        # The first push encodes the points the initial list deferred, taking the lock for one
+        # segment at a time, so that a scrape waits for one segment's encoding at most.
+        for segment in deferred:
+            with self._lock:
+                if segment.points.stale:  # a retired segment (no keys) joins nothing
+                    self._join(segment, POINTS)
         with self._lock:
             per_family: list[list[PointGroup]] = [[] for _ in self.families]
             for segment in self._segments:

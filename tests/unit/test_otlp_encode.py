@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.metrics import Observation
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -122,9 +123,12 @@ def test_unchanged_segments_reuse_their_point_groups():
     assert second[1].packed and sum(map(len, second[1].buffers)) < second[1].size
 
 
-def test_points_survive_rejoins_splits_and_relists():
+@pytest.mark.parametrize("first_push", [0, 250])
+def test_points_survive_rejoins_splits_and_relists(first_push):
     """OTLP points are held once (in the segments' joined buffers), like the Prometheus lines:
-    after changes, splits and relists a push still carries exactly a fresh store's points."""
+    after changes, splits and relists a push still carries exactly a fresh store's points. Points
+    are deferred until the first push: with ``first_push`` 250, half the steps (relists and
+    splits included) happen before any point is encoded."""
     import random
 
     rng = random.Random(5)
@@ -148,7 +152,9 @@ def test_points_survive_rejoins_splits_and_relists():
             live.upsert(current[name])
         if rng.random() < 0.3:
             live.blocks()  # joins the lines at other moments than the points
-        if rng.random() < 0.3:
+        if step < first_push:
+            assert all(e.points is None for e in live._entries.values())  # deferred
+        elif rng.random() < 0.3:
             fresh = ObjectStore("deviceclasses", deviceclass.parse, families, otlp=True)
             fresh.replace(list(current.values()))
             got, _, _ = _points(
@@ -159,3 +165,46 @@ def test_points_survive_rejoins_splits_and_relists():
             )
             assert got == want, step
             assert all(e.points is None for e in live._entries.values())
+
+
+def test_first_push_survives_changes_between_its_segments():
+    """The first push encodes the deferred points one segment at a time, releasing the store's
+    lock in between; the watch thread may relist or store a change (rendered before the push
+    began, so without points) in those gaps. The push must carry exactly the state it ends with."""
+
+    def obj(name, rv, cost):
+        return {"metadata": {"name": name, "resourceVersion": str(rv), "annotations": {"hourly-cost": str(cost)}}}
+
+    families = deviceclass.FAMILIES + deviceclass.STATE_FAMILIES
+    live = ObjectStore("deviceclasses", deviceclass.parse, families, otlp=True, segment_size=2)
+    live.replace([obj(f"c{i}", 1, i) for i in range(6)])
+    later = [obj(f"d{i}", 2, i) for i in range(5)]
+    early = live._build("d3", obj("d3", 3, 8))  # rendered now: before the first push, no points
+    assert early.points is None
+
+    class Interleave:
+        """The store's lock, with the watch thread's work slipped in before given acquisitions."""
+
+        def __init__(self, lock):
+            self.lock, self.count = lock, 0
+
+        def __enter__(self):
+            self.count += 1
+            if self.count == 2:  # the first deferred segment: a relist retires every segment
+                live.replace(later)
+            elif self.count == 5:  # a later one: the early-rendered change is stored
+                with self.lock:
+                    live._store("d3", early)
+            return self.lock.__enter__()
+
+        def __exit__(self, *exc):
+            return self.lock.__exit__(*exc)
+
+    live._lock = Interleave(live._lock)
+    builder = RequestBuilder(RESOURCE, "s", "v")
+    got, _, _ = _points([ExportMetricsServiceRequest.FromString(r) for r in builder.requests(live.otlp_metrics(), 1)])
+    assert live._lock.count > 5
+    fresh = ObjectStore("deviceclasses", deviceclass.parse, families, otlp=True)
+    fresh.replace([*later[:3], obj("d3", 3, 8), *later[4:]])
+    want, _, _ = _points([ExportMetricsServiceRequest.FromString(r) for r in builder.requests(fresh.otlp_metrics(), 1)])
+    assert got == want
