@@ -5,7 +5,8 @@
 
 Feeds the stores of a ClusterState the bench/workload.py objects (DeviceClasses, slices, claims),
 as a full list in key order like the API server's, then joins every segment (as the first scrape,
-and with --otlp the first push, would) and reports the process's RSS growth. It measures the
+and with --otlp the first push, would) and reports the process's RSS growth and the time the first
+push took to join (and, from 7ee9e26 on, encode) the points. It measures the
 cache and the joins, not the benchmark's process (interpreter, HTTP server, watch buffers): use it
 to compare versions at sizes the full harness takes too long for, not as the RSS of a deployment.
 """
@@ -62,14 +63,18 @@ def measure(claims: int, otlp: bool) -> dict[str, Any]:
     build = time.perf_counter() - start
     stores = getattr(state, "series_stores", state.stores)  # older versions have no joins
     body = sum(len(c.data) for s in stores for _, chunks in s.blocks() for c in chunks)
+    first_push = 0.0
     if otlp:
+        start = time.perf_counter()
         for s in stores:
-            s.otlp_metrics()
+            s.otlp_metrics()  # newer versions encode the points here, at the first push
+        first_push = time.perf_counter() - start
     gc.collect()
     return {
         "claims": claims,
         "otlp": otlp,
         "build_s": round(build, 1),
+        "first_push_points_s": round(first_push, 1),
         "body_mb": round(body / 1e6, 1),
         "rss_growth_mib": round(rss_mib() - before),
         "rss_mib": round(rss_mib()),
