@@ -97,6 +97,10 @@ def _run(lists, watches):
     thread.start()
     assert done.wait(5)
     reflector.stop()
+    # The thread still reports the script's end; let it finish while this test's log capture is
+    # open (a log record after the test wrote a "Logging error" trace to the session's stderr).
+    thread.join(5)
+    assert not thread.is_alive()
     return client, handler, events, reflector
 
 
