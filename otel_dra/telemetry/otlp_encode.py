@@ -141,7 +141,7 @@ class PointGroup(NamedTuple):
     """Encoded points kept as separate buffers (no copy) with their total size (uncompressed).
 
     ``packed`` groups hold their buffers zlib-compressed: stored points are only read at a push
-    (every interval, 60 s by default), and the points of one cache segment compress 5-30x, so a
+    (every interval, 60 s by default), and the points of one cache segment compress ~20-30x, so a
     cache holds them packed and a push pays ~1.5 ms of CPU per MB to unpack them (zlib releases the
     GIL meanwhile). See docs/design.md, "OTLP points are stored compressed"."""
 
