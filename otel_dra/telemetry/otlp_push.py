@@ -94,6 +94,7 @@ class PreEncodedPusher:
         pace_s: float = 0.005,
         priority: ScrapePriority | None = None,
         max_defer_s: float | None = None,
+        max_share: float = 0.2,
     ) -> None:
         self._source = source
         self._builder = builder
@@ -107,6 +108,11 @@ class PreEncodedPusher:
         # by more than this in total, so that back-to-back scrapes cannot starve it.
         self._priority = priority
         self._max_defer = max_defer_s if max_defer_s is not None else min(10.0, self._interval / 2)
+        # Once that budget is spent, while scrapes keep coming the push pauses between requests so
+        # that building and sending take at most this share of its time: it still makes progress,
+        # without taking the CPU from the scrapes it overlaps (with scrapes back to back and a
+        # short interval, a full-speed push slowed them by over 20% at workload L).
+        self._max_share = max_share
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="otlp-state-push", daemon=True)
@@ -129,15 +135,22 @@ class PreEncodedPusher:
                     return False
                 defer_left = self._max_defer
                 requests = iter(self._builder.requests(metrics, time.time_ns()))
+                spent = 0.0  # building and sending the previous request
                 for i in itertools.count():
-                    if i and self._pace and not self._stop.is_set():
-                        time.sleep(self._pace)
+                    if i and not self._stop.is_set():
+                        pause = self._pace
+                        if self._priority is not None and defer_left <= 0 and self._priority.busy():
+                            pause = max(pause, spent * (1 / self._max_share - 1))
+                        if pause:
+                            time.sleep(pause)
                     if self._priority is not None and not self._stop.is_set():
                         defer_left -= self._priority.wait_idle(defer_left)
+                    began = time.monotonic()
                     request = next(requests, None)  # built here, after any wait
                     if request is None:
                         break
                     ok = self._sender.send(request) and ok
+                    spent = time.monotonic() - began
             except Exception:  # an export failure must never end the pushing thread
                 log.exception("OTLP export of cluster state failed")
                 ok = False

@@ -4,7 +4,9 @@ A Prometheus scrape is latency-sensitive (it has a timeout and its duration is c
 of the full cluster state is not (it runs once per export interval, 60 s by default). Both need the
 GIL for the Python parts of their work, and on a busy node they share a CPU. So the pusher asks
 :meth:`ScrapePriority.wait_idle` before building each request and waits, bounded, while scrapes are
-in flight; a push then runs in the gaps between scrapes instead of stretching them.
+in flight; a push then runs in the gaps between scrapes instead of stretching them. Once a push
+has waited its bound and scrapes still run (:meth:`ScrapePriority.busy`), it goes on at a
+throttled pace rather than at full speed (see ``PreEncodedPusher``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ class ScrapePriority:
                 self._active -= 1
                 if not self._active:
                     self._idle.notify_all()
+
+    def busy(self) -> bool:
+        """Whether a scrape is in flight now."""
+        with self._idle:
+            return self._active > 0
 
     def wait_idle(self, timeout: float) -> float:
         """Wait until no scrape is in flight, at most ``timeout`` seconds; return the time waited."""

@@ -77,6 +77,28 @@ def test_a_push_is_deferred_at_most_max_defer_in_total():
     assert 0.2 <= took < 2.0
 
 
+class SlowSender(RecordingSender):
+    def send(self, request: bytes) -> bool:
+        time.sleep(0.02)
+        return super().send(request)
+
+
+def test_once_its_deferral_is_spent_a_push_takes_at_most_a_fifth_of_the_time_while_scrapes_run():
+    priority, sender = ScrapePriority(), SlowSender()
+    pusher = _pusher(priority, sender, max_defer_s=0.05)
+    with priority.scraping():
+        assert pusher.export()
+    gaps = [b - a for a, b in zip(sender.sent, sender.sent[1:], strict=False)]
+    assert len(gaps) > 3
+    # Each send takes >= 20 ms; a fifth of the time means >= 4 x that between sends.
+    assert min(gaps) >= 0.02 * 5 * 0.9
+    # Without scrapes the same push goes at full speed.
+    sender = SlowSender()
+    pusher = _pusher(priority, sender, max_defer_s=0.05)
+    assert pusher.export()
+    assert min(b - a for a, b in zip(sender.sent, sender.sent[1:], strict=False)) < 0.06
+
+
 def test_metrics_server_marks_scrapes_in_flight():
     priority = ScrapePriority()
     waited: list[float] = []
