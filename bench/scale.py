@@ -74,6 +74,8 @@ def self_metric(port: int, name: str, exporter: str) -> tuple[float, float]:
 # --pin: the exporter runs on CPU 0 and the OTLP sink on CPU 1, so that a receiver on the same
 # machine does not take the exporter's CPU (as a Collector on another node would not).
 PIN: dict[str, list[str]] = {"exporter": [], "sink": []}
+# Phase D: the OTLP export interval, and how long scrapes run back to back against the pushes.
+OVERLAP = {"interval": 3.0, "seconds": 25.0}
 # Environment of the exporter processes (--exporter-path).
 EXPORTER_ENV: dict[str, str] = {}
 
@@ -317,7 +319,7 @@ def run_size(n: int, k: int, workdir: Path, phases: str = "ABCD") -> dict[str, A
                 **EXPORTER_ENV,
                 "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}",
                 "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-                "OTEL_METRIC_EXPORT_INTERVAL": "3000",
+                "OTEL_METRIC_EXPORT_INTERVAL": str(int(OVERLAP["interval"] * 1000)),
             },
             prefix=PIN["exporter"],
         )
@@ -328,8 +330,9 @@ def run_size(n: int, k: int, workdir: Path, phases: str = "ABCD") -> dict[str, A
                 raise RuntimeError("no OTLP pushes")
             time.sleep(1)
         r["otlp_scrape"] = scrapes(ex.port, k)
-        r.update(overlap_scrapes(ex.port, sink_port, r["scrape"], seconds=25))
+        r.update(overlap_scrapes(ex.port, sink_port, r["scrape"], seconds=OVERLAP["seconds"]))
         r.update(overlap_scrapes(ex.port, sink_port, r["scrape"], seconds=60, gap=0.5, prefix="spaced_"))
+        r["otlp_interval_s"] = OVERLAP["interval"]
         s, c = self_metric(ex.port, "otel_dra_collection_duration_seconds", "otlp")
         cs, cc = self_metric(ex.port, "otel_dra_collection_cpu_time_seconds", "otlp")
         r["otlp_push_wall_s_mean"] = round(s / c, 3)
@@ -375,9 +378,14 @@ def main() -> int:
     parser.add_argument("--phases", default="ABCDE", help="which of the phases A-E to run (A always runs)")
     parser.add_argument("--exporter-path", type=Path, default=None, help="run the exporter from this source tree")
     parser.add_argument("--pin", action="store_true", help="exporter on CPU 0, OTLP sink on CPU 1 (taskset)")
+    parser.add_argument("--otlp-interval", type=float, default=3.0, help="phase D: OTLP export interval, seconds")
+    parser.add_argument(
+        "--overlap-seconds", type=float, default=25.0, help="phase D: seconds of back-to-back scrapes against pushes"
+    )
     args = parser.parse_args()
     if args.pin:
         PIN.update(exporter=["taskset", "-c", "0"], sink=["taskset", "-c", "1"])
+    OVERLAP.update(interval=args.otlp_interval, seconds=args.overlap_seconds)
     if args.exporter_path:
         EXPORTER_ENV["PYTHONPATH"] = exporter_pythonpath(args.exporter_path.resolve())
     results: dict[str, Any] = {
