@@ -10,8 +10,9 @@ A. exporter, Prometheus only: initial sync, scrape latency (curl, plain and gzip
 B. the same exporter under 200 status changes/s (bench/churn.py): scrape latency, and the lag from a
    write returning to the change being visible in /metrics (probe writes on one claim);
 C. the list-per-scrape baseline (bench/baseline.py): list the three resources and render;
-D. exporter with OTLP push every 3 s to a sink (bench/sink.py): CPU and wall time per push (from
-   self-metrics), scrape latency while pushes run, RSS;
+D. exporter with OTLP push every 10 s (--otlp-interval) to a sink (bench/sink.py): CPU and wall
+   time per push (from self-metrics), scrape latency while pushes run (120 s back to back,
+   --overlap-seconds, then 60 s spaced 0.5 s apart), RSS;
 E. the exporter of A under 100 re-allocations/s (bench/churn.py realloc: each deallocates a claim
    and allocates it on another device, which moves device allocation, counters and pool counts):
    scrape latency, collection time, and the lag from a re-allocation to the pool aggregate
@@ -75,7 +76,7 @@ def self_metric(port: int, name: str, exporter: str) -> tuple[float, float]:
 # machine does not take the exporter's CPU (as a Collector on another node would not).
 PIN: dict[str, list[str]] = {"exporter": [], "sink": []}
 # Phase D: the OTLP export interval, and how long scrapes run back to back against the pushes.
-OVERLAP = {"interval": 3.0, "seconds": 25.0}
+OVERLAP = {"interval": 10.0, "seconds": 120.0}
 # Environment of the exporter processes (--exporter-path).
 EXPORTER_ENV: dict[str, str] = {}
 
@@ -309,7 +310,7 @@ def run_size(n: int, k: int, workdir: Path, phases: str = "ABCD") -> dict[str, A
             r["speedup_vs_baseline"] = round(r["baseline_scrape_ms"] / r["scrape"]["p50_ms"], 1)
             print(f"[{n}] C baseline {r['baseline_scrape_ms']} ms", flush=True)
 
-        # D: OTLP push every 3 s
+        # D: OTLP push every OVERLAP['interval'] seconds
         sink_port = free_port()
         sink = subprocess.Popen([*PIN["sink"], sys.executable, "-m", "bench.sink", str(sink_port)])
         ex = Exporter(
@@ -378,9 +379,12 @@ def main() -> int:
     parser.add_argument("--phases", default="ABCDE", help="which of the phases A-E to run (A always runs)")
     parser.add_argument("--exporter-path", type=Path, default=None, help="run the exporter from this source tree")
     parser.add_argument("--pin", action="store_true", help="exporter on CPU 0, OTLP sink on CPU 1 (taskset)")
-    parser.add_argument("--otlp-interval", type=float, default=3.0, help="phase D: OTLP export interval, seconds")
+    # A push of workload L takes 2-5 s: at a 10 s interval, 120 s of back-to-back scrapes give
+    # hundreds of scrapes both overlapping a push and not, interleaved in time (at 3 s and 25 s,
+    # as first, pushes ran most of the time and the few non-overlapping scrapes made p95 noisy).
+    parser.add_argument("--otlp-interval", type=float, default=10.0, help="phase D: OTLP export interval, seconds")
     parser.add_argument(
-        "--overlap-seconds", type=float, default=25.0, help="phase D: seconds of back-to-back scrapes against pushes"
+        "--overlap-seconds", type=float, default=120.0, help="phase D: seconds of back-to-back scrapes against pushes"
     )
     args = parser.parse_args()
     if args.pin:
