@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +187,35 @@ def lag_probes(admin: KubeClient, port: int, count: int) -> list[float]:
     return lags
 
 
+def churn_phase(
+    r: dict[str, Any],
+    name: str,
+    ex: Exporter,
+    admin: KubeClient,
+    scrape_count: int,
+    kubeconfig: str,
+    churn_args: list[str],
+    probes: Callable[[KubeClient, int, int], list[float]],
+) -> None:
+    """Scrapes, collection time, lag (``probes``) and RSS while bench/churn.py runs with
+    ``churn_args``; results go into ``r`` under keys starting with ``name``."""
+    churn = subprocess.Popen(
+        [sys.executable, "-m", "bench.churn", kubeconfig, str(r["claims"]), *churn_args],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(5)
+    s0, c0 = self_metric(ex.port, "otel_dra_collection_duration_seconds", "prometheus")
+    r[f"{name}_scrape"] = scrapes(ex.port, scrape_count)
+    s1, c1 = self_metric(ex.port, "otel_dra_collection_duration_seconds", "prometheus")
+    r[f"{name}_collection_ms_mean"] = round(1000 * (s1 - s0) / max(1.0, c1 - c0), 2)
+    lags = probes(admin, ex.port, 10)
+    r[f"{name}_lag_s"] = {"p50": round(statistics.median(lags), 3), "max": round(max(lags), 3)}
+    churn.terminate()
+    r[f"{name}_rate"] = (churn.communicate(timeout=60)[0] or "").strip()
+    r[f"rss_after_{name}_mib"], _ = ex.rss_mib()
+
+
 def overlap_scrapes(
     port: int, sink_port: int, baseline: dict[str, float], seconds: float, gap: float = 0.0, prefix: str = ""
 ) -> dict[str, Any]:
@@ -263,42 +293,14 @@ def run_size(n: int, k: int, workdir: Path, phases: str = "ABCD") -> dict[str, A
             ex.stop()
         # B: churn at 200 changes/s
         if "B" in phases:
-            churn = subprocess.Popen(
-                [sys.executable, "-m", "bench.churn", kubeconfig, str(n), "100", "200"],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            time.sleep(5)
-            s0, c0 = self_metric(ex.port, "otel_dra_collection_duration_seconds", "prometheus")
-            r["churn_scrape"] = scrapes(ex.port, k)
-            s1, c1 = self_metric(ex.port, "otel_dra_collection_duration_seconds", "prometheus")
-            r["churn_collection_ms_mean"] = round(1000 * (s1 - s0) / max(1.0, c1 - c0), 2)
-            lags = lag_probes(admin, ex.port, 10)
-            r["churn_lag_s"] = {"p50": round(statistics.median(lags), 3), "max": round(max(lags), 3)}
-            churn.terminate()
-            r["churn_rate"] = (churn.communicate(timeout=60)[0] or "").strip()
-            r["rss_after_churn_mib"], _ = ex.rss_mib()
+            churn_phase(r, "churn", ex, admin, k, kubeconfig, ["100", "200"], lag_probes)
             print(f"[{n}] B {r['churn_scrape']} lag {r['churn_lag_s']} {r['churn_rate']}", flush=True)
 
         # E: re-allocation churn at 100 changes/s (two writes each)
         if "E" in phases:
             create(admin, probe_slice())
             time.sleep(2)
-            churn = subprocess.Popen(
-                [sys.executable, "-m", "bench.churn", kubeconfig, str(n), "100", "100", "realloc"],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            time.sleep(5)
-            s0, c0 = self_metric(ex.port, "otel_dra_collection_duration_seconds", "prometheus")
-            r["realloc_scrape"] = scrapes(ex.port, k)
-            s1, c1 = self_metric(ex.port, "otel_dra_collection_duration_seconds", "prometheus")
-            r["realloc_collection_ms_mean"] = round(1000 * (s1 - s0) / max(1.0, c1 - c0), 2)
-            lags = realloc_probes(admin, ex.port, 10)
-            r["realloc_lag_s"] = {"p50": round(statistics.median(lags), 3), "max": round(max(lags), 3)}
-            churn.terminate()
-            r["realloc_rate"] = (churn.communicate(timeout=60)[0] or "").strip()
-            r["rss_after_realloc_mib"], _ = ex.rss_mib()
+            churn_phase(r, "realloc", ex, admin, k, kubeconfig, ["100", "100", "realloc"], realloc_probes)
             print(f"[{n}] E {r['realloc_scrape']} lag {r['realloc_lag_s']} {r['realloc_rate']}", flush=True)
         if "B" in phases or "E" in phases:
             ex.stop()
