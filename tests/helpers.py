@@ -131,3 +131,35 @@ def state_families() -> dict[str, str]:
         *joins.ALL_FAMILIES,
     ]
     return {f.prom_name: f.gauge.name for f in families}
+
+
+def rbac_kubeconfig(testbed: Any, name: str, verbs: str, namespace: str = "rbac-test") -> str:
+    """A kubeconfig for a new ServiceAccount ``namespace/name`` whose ClusterRole grants ``verbs``
+    (a YAML list) on the three resources the exporter needs, and nothing else."""
+    manifest = f"""
+apiVersion: v1
+kind: Namespace
+metadata: {{name: {namespace}}}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: {name}, namespace: {namespace}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{name: {name}}}
+rules:
+- apiGroups: [resource.k8s.io]
+  resources: [resourceclaims, resourceslices, deviceclasses]
+  verbs: {verbs}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: {name}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {name}}}
+subjects:
+- {{kind: ServiceAccount, name: {name}, namespace: {namespace}}}
+"""
+    testbed.kubectl("apply", "-f", "-", input=manifest)
+    token = testbed.mint_token(namespace, name)
+    return str(testbed.write_kubeconfig(testbed.dir / f"{name}.kubeconfig", token))

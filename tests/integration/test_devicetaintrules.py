@@ -8,7 +8,7 @@ import logging
 import time
 
 from otel_dra.fixtures import create
-from tests.helpers import parse_samples, scrape, wait_until
+from tests.helpers import parse_samples, rbac_kubeconfig, scrape, wait_until
 
 FAMILY = "kube_devicetaintrule_info"
 
@@ -77,35 +77,9 @@ def test_served_rules_are_reported_and_follow_changes(testbed_sched, start_expor
 def test_forbidden_by_rbac_is_logged_once_and_everything_else_is_served(testbed_sched, start_exporter_app, caplog):
     """The chart's role may not grant DeviceTaintRules: that must not take /metrics down."""
     name = "exporter-no-taintrules"
-    manifest = f"""
-apiVersion: v1
-kind: Namespace
-metadata: {{name: rbac-taintrules}}
----
-apiVersion: v1
-kind: ServiceAccount
-metadata: {{name: {name}, namespace: rbac-taintrules}}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {{name: {name}}}
-rules:
-- apiGroups: [resource.k8s.io]
-  resources: [resourceclaims, resourceslices, deviceclasses]
-  verbs: [list, watch]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {{name: {name}}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {name}}}
-subjects:
-- {{kind: ServiceAccount, name: {name}, namespace: rbac-taintrules}}
-"""
-    testbed_sched.kubectl("apply", "-f", "-", input=manifest)
-    token = testbed_sched.mint_token("rbac-taintrules", name)
-    kubeconfig = testbed_sched.write_kubeconfig(testbed_sched.dir / f"{name}.kubeconfig", token)
+    kubeconfig = rbac_kubeconfig(testbed_sched, name, "[list, watch]", namespace="rbac-taintrules")
     with caplog.at_level(logging.INFO, logger="otel_dra.kube.reflector"):
-        app = start_exporter_app(str(kubeconfig))
+        app = start_exporter_app(kubeconfig)
         wait_until(lambda: app.state.not_synced() is None, what="sync without DeviceTaintRules")
         assert _rules(app.port) == []
         state = _reflector(app).state()

@@ -11,7 +11,16 @@ import time
 import pytest
 
 from otel_dra.fixtures import create, object_path
-from tests.helpers import SEED_FAMILIES, free_port, http_get, listening, parse_samples, scrape, wait_until
+from tests.helpers import (
+    SEED_FAMILIES,
+    free_port,
+    http_get,
+    listening,
+    parse_samples,
+    rbac_kubeconfig,
+    scrape,
+    wait_until,
+)
 from tests.otlp_receiver import OtlpReceiver
 
 
@@ -177,38 +186,8 @@ def test_api_server_outage(testbed, start_exporter_app):
     assert "kube_resourceclaim_status_reserved_total" in scrape(app.port)[1]
 
 
-def _rbac(testbed, name: str, verbs: list[str]) -> str:
-    manifest = f"""
-apiVersion: v1
-kind: Namespace
-metadata: {{name: rbac-test}}
----
-apiVersion: v1
-kind: ServiceAccount
-metadata: {{name: {name}, namespace: rbac-test}}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {{name: {name}}}
-rules:
-- apiGroups: [resource.k8s.io]
-  resources: [resourceclaims, resourceslices, deviceclasses]
-  verbs: {verbs}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {{name: {name}}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {name}}}
-subjects:
-- {{kind: ServiceAccount, name: {name}, namespace: rbac-test}}
-"""
-    testbed.kubectl("apply", "-f", "-", input=manifest)
-    token = testbed.mint_token("rbac-test", name)
-    return str(testbed.write_kubeconfig(testbed.dir / f"{name}.kubeconfig", token))
-
-
 def test_rbac_list_watch_is_enough(testbed, start_exporter_app):
-    kubeconfig = _rbac(testbed, "exporter-listwatch", '["list", "watch"]')
+    kubeconfig = rbac_kubeconfig(testbed, "exporter-listwatch", '["list", "watch"]')
     app = start_exporter_app(kubeconfig)
     wait_until(lambda: app.state.not_synced() is None, timeout=30, what="sync with list+watch only")
     code, text = scrape(app.port)
@@ -216,7 +195,7 @@ def test_rbac_list_watch_is_enough(testbed, start_exporter_app):
 
 
 def test_rbac_without_watch_is_a_clear_error_not_a_crash(testbed, tmp_path):
-    kubeconfig = _rbac(testbed, "exporter-listonly", '["list"]')
+    kubeconfig = rbac_kubeconfig(testbed, "exporter-listonly", '["list"]')
     log = tmp_path / "exporter.log"
     port = free_port()
     with open(log, "w") as out:
