@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+from opentelemetry.metrics import Meter, Observation
 
 from otel_dra.cluster import deviceclass, resourceclaim, resourceslice
 from otel_dra.cluster.store import ObjectStore
@@ -21,3 +24,18 @@ def sample_stores(**store_options: Any) -> list[ObjectStore[Any]]:
             obj["metadata"]["resourceVersion"] = str(i + 1)
             kinds[obj["kind"]].upsert(obj)
     return stores
+
+
+def register_sdk_gauges(meter: Meter, stores: list[Any], order: Callable[[Any], Any] | None = None) -> None:
+    """The stores' families as real SDK observable gauges (objects in ``order`` if given): the
+    reference our own exposition and OTLP encoding are compared with."""
+    for store in stores:
+        for fam in store.families:
+
+            def callback(options: Any, store: Any = store, fam: Any = fam) -> Any:
+                objects = store.objects()
+                for obj in sorted(objects, key=order) if order is not None else objects:
+                    for values, value in fam.samples(obj):
+                        yield Observation(value, dict(zip(fam.gauge.labels, values, strict=True)))
+
+            meter.create_observable_gauge(fam.gauge.name, [callback], fam.gauge.unit, fam.gauge.description)

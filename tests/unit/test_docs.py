@@ -58,6 +58,20 @@ class _NoClient:
     """ClusterState only uses its client in reflector threads, which this test never starts."""
 
 
+def _exported(reader: InMemoryMetricReader) -> dict[str, tuple[str, str, str, list[str]]]:
+    """Each metric the SDK exports: unit, Prometheus name, kind, attribute keys of its first point."""
+    exported = {}
+    for rm in reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                point = metric.data.data_points[0]
+                counter = isinstance(metric.data, Sum) and metric.data.is_monotonic
+                kind = "histogram" if isinstance(point, HistogramDataPoint) else "counter" if counter else "gauge"
+                prom = prometheus_name(metric.name, metric.unit, counter=counter)
+                exported[metric.name] = (metric.unit, prom, kind, list(point.attributes.keys()))
+    return exported
+
+
 def test_self_metrics_documented():
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
@@ -71,20 +85,9 @@ def test_self_metrics_documented():
     state.record_collection(0.01, "prometheus", 0.005)
     for r in state.reflectors:
         r._last_sync_wall = 1.0
-    data = reader.get_metrics_data()
-    exported = {}
-    for rm in data.resource_metrics:
-        for sm in rm.scope_metrics:
-            for metric in sm.metrics:
-                point = metric.data.data_points[0]
-                counter = isinstance(metric.data, Sum) and metric.data.is_monotonic
-                kind = "histogram" if isinstance(point, HistogramDataPoint) else "counter" if counter else "gauge"
-                exported[metric.name] = (
-                    metric.unit,
-                    prometheus_name(metric.name, metric.unit, counter=counter),
-                    kind,
-                    ", ".join(point.attributes.keys()),
-                )
+    exported = {
+        name: (unit, prom, kind, ", ".join(keys)) for name, (unit, prom, kind, keys) in _exported(reader).items()
+    }
     plugin = {i.name for i in plugin_metrics.INSTRUMENTS}
     rows = {k: v for k, v in _table_rows().items() if not k.startswith("kube_") and k not in plugin}
     documented = {name: (r[1], r[2], r[3], r[4]) for name, r in rows.items()}
@@ -100,20 +103,10 @@ def test_plugin_metrics_documented():
     m.prepared(True, 0.01)
     m.unprepared(True, 0.01)
     m.observe_request(RequestRecord("GET", "h:1", "/", 503, 0.01, True))
-    exported = {}
-    for rm in reader.get_metrics_data().resource_metrics:
-        for sm in rm.scope_metrics:
-            for metric in sm.metrics:
-                point = metric.data.data_points[0]
-                counter = isinstance(metric.data, Sum) and metric.data.is_monotonic
-                kind = "histogram" if isinstance(point, HistogramDataPoint) else "counter" if counter else "gauge"
-                exported[metric.name] = (
-                    metric.unit,
-                    prometheus_name(metric.name, metric.unit, counter=counter),
-                    kind,
-                    ", ".join(sorted(point.attributes.keys())),
-                    "beta",
-                )
+    exported = {
+        name: (unit, prom, kind, ", ".join(sorted(keys)), "beta")
+        for name, (unit, prom, kind, keys) in _exported(reader).items()
+    }
     provider.shutdown()
     names = {i.name for i in plugin_metrics.INSTRUMENTS}
     assert set(exported) == names

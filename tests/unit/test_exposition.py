@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.metrics import Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
@@ -13,7 +12,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from otel_dra.cluster import deviceclass, resourceclaim, resourceslice
 from otel_dra.telemetry.exposition import assemble
 from otel_dra.telemetry.naming import prometheus_name
-from tests.unit.sample_stores import sample_stores
+from tests.unit.sample_stores import register_sdk_gauges, sample_stores
 
 
 def _stores():
@@ -24,18 +23,7 @@ def _sdk_render(stores, openmetrics: bool) -> bytes:
     registry = CollectorRegistry()
     reader = PrometheusMetricReader(disable_target_info=True, scope_info_enabled=False, registry=registry)
     provider = MeterProvider(metric_readers=[reader])
-    meter = provider.get_meter("test")
-    for store in stores:
-        for fam in store.families:
-            keys = fam.gauge.labels
-
-            def callback(options, store=store, fam=fam, keys=keys):
-                objs = sorted(store.objects(), key=lambda o: (getattr(o, "namespace", ""), o.name))
-                for obj in objs:
-                    for values, value in fam.samples(obj):
-                        yield Observation(value, dict(zip(keys, values, strict=True)))
-
-            meter.create_observable_gauge(fam.gauge.name, [callback], fam.gauge.unit, fam.gauge.description)
+    register_sdk_gauges(provider.get_meter("test"), stores, order=lambda o: (getattr(o, "namespace", ""), o.name))
     try:
         return generate_openmetrics(registry) if openmetrics else generate_latest(registry)
     finally:

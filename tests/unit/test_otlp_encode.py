@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
-from opentelemetry.metrics import Observation
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -13,7 +12,7 @@ from opentelemetry.sdk.resources import Resource
 from otel_dra.cluster import deviceclass
 from otel_dra.cluster.store import ObjectStore
 from otel_dra.telemetry.otlp_encode import PointEncoder, PointGroup, RequestBuilder
-from tests.unit.sample_stores import sample_stores
+from tests.unit.sample_stores import register_sdk_gauges, sample_stores
 
 RESOURCE = Resource.create({"service.name": "t", "k8s.cluster.name": "c"})
 
@@ -42,16 +41,7 @@ def _points(requests):
 def _sdk_request(stores):
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader], resource=RESOURCE)
-    meter = provider.get_meter("otel_dra.cluster", "1.2.3")
-    for store in stores:
-        for fam in store.families:
-
-            def cb(options, store=store, fam=fam):
-                for obj in store.objects():
-                    for values, value in fam.samples(obj):
-                        yield Observation(value, dict(zip(fam.gauge.labels, values, strict=True)))
-
-            meter.create_observable_gauge(fam.gauge.name, [cb], fam.gauge.unit, fam.gauge.description)
+    register_sdk_gauges(provider.get_meter("otel_dra.cluster", "1.2.3"), stores)
     request = encode_metrics(reader.get_metrics_data())
     provider.shutdown()
     return request

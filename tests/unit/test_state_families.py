@@ -9,7 +9,6 @@ from typing import Any
 
 import yaml
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.metrics import Observation
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CollectorRegistry, generate_latest
@@ -19,6 +18,7 @@ from otel_dra.cluster import resourceclaim, resourceslice
 from otel_dra.cluster.resourceslice import DeviceAttributes
 from otel_dra.telemetry.exposition import assemble
 from otel_dra.telemetry.otlp_encode import RequestBuilder
+from tests.unit.sample_stores import register_sdk_gauges
 from tests.unit.test_joins import World
 from tests.unit.test_otlp_encode import RESOURCE, _points, _sdk_request
 
@@ -101,16 +101,7 @@ def _sdk_lines(stores: list[Any], openmetrics: bool) -> list[str]:
     registry = CollectorRegistry()
     reader = PrometheusMetricReader(disable_target_info=True, scope_info_enabled=False, registry=registry)
     provider = MeterProvider(metric_readers=[reader])
-    meter = provider.get_meter("test")
-    for store in stores:
-        for fam in store.families:
-
-            def callback(options, store=store, fam=fam):
-                for obj in store.objects():
-                    for values, value in fam.samples(obj):
-                        yield Observation(value, dict(zip(fam.gauge.labels, values, strict=True)))
-
-            meter.create_observable_gauge(fam.gauge.name, [callback], fam.gauge.unit, fam.gauge.description)
+    register_sdk_gauges(provider.get_meter("test"), stores)
     try:
         return _lines(generate_openmetrics(registry) if openmetrics else generate_latest(registry))
     finally:
