@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install peers protos lint test test-unit run sandbox bench bench-scale bench-plugin manifests ci clean
+.PHONY: install peers protos lint test test-unit golden run sandbox bench bench-scale bench-plugin manifests ci clean
 
 install: $(VENV)/.installed
 
@@ -25,13 +25,21 @@ peers: install
 protos: install
 	$(BIN)/python proto/generate.py
 
+# ruff, mypy, and the import contracts of pyproject.toml ([tool.importlinter]: which layer may
+# import which, see "Where things live" in docs/design.md).
 lint: install
 	$(BIN)/ruff check otel_dra tests bench proto
 	$(BIN)/ruff format --check otel_dra tests bench proto
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 test-unit: install
 	$(BIN)/pytest -m "not testbed" $(PYTEST_ARGS)
+
+# Regenerate the golden expositions (tests/golden/*.prom) from the real testbed, after a change to
+# a family or to the golden objects. Review `git diff tests/golden` line by line before committing.
+golden: install
+	UPDATE_GOLDEN=1 $(BIN)/pytest tests/integration/test_golden.py tests/integration/test_golden_state.py $(PYTEST_ARGS)
 
 # The whole suite: lint, then unit and integration tests against the real testbed.
 test: lint peers

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.exporter import free_port, machine, percentile
-from otel_dra.demo import NAMESPACE, demo_objects, start_plugin, workload_pod
+from otel_dra.cli.demo import NAMESPACE, demo_objects, start_plugin, workload_pod
 from otel_dra.fixtures import apply_all
 from otel_dra.kube.client import ApiError, KubeClient, load_credentials
 from otel_dra.kubeletsim.sim import KubeletSim

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 SEED_FAMILIES = (
@@ -19,6 +21,17 @@ SEED_FAMILIES = (
     "kube_resourceslice_device_capacity_decoders",
     "kube_deviceclass_hourly_cost",
 )
+
+
+def check_golden(path: Path, got: str) -> None:
+    """Compare ``got`` with the golden file ``path``; with UPDATE_GOLDEN=1 (``make golden``) write it
+    instead. A regenerated file is only right once its diff has been read line by line."""
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(got)
+    assert got == path.read_text(), (
+        f"{path} differs from this run's exposition. If the change is intended, regenerate the golden "
+        "files with `make golden` (UPDATE_GOLDEN=1) and review `git diff tests/golden` before committing."
+    )
 
 
 def http_get(url: str, headers: dict[str, str] | None = None, timeout: float = 10) -> tuple[int, bytes]:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from otel_dra.cli import ExporterApp, start_exporter
+from otel_dra.cli.exporter import ExporterApp, start_exporter
 from otel_dra.kube.client import KubeClient, load_credentials
 from otel_dra.testbed.build import BinariesMissingError, build_helm, find_helm
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from otel_dra.fixtures import apply_all, sample_objects
-from tests.helpers import SEED_FAMILIES, family_block, scrape, wait_until
+from tests.helpers import SEED_FAMILIES, check_golden, family_block, scrape, wait_until
 
 GOLDEN = Path(__file__).parent.parent / "golden" / "sample_seed_families.prom"
 
@@ -45,10 +44,7 @@ def test_golden_text_exposition(loaded, start_exporter_app):
     wait_until(lambda: app.state.not_synced() is None, what="caches to sync")
     code, text = scrape(app.port)
     assert code == 200
-    got = _seed_exposition(text)
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        GOLDEN.write_text(got)
-    assert got == GOLDEN.read_text()
+    check_golden(GOLDEN, _seed_exposition(text))
     # The default output carries no per-series OTel scope labels.
     assert "otel_scope_name" not in text
 

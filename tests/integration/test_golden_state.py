@@ -1,14 +1,13 @@
 """Golden expositions of the families beyond the seed, from a real API server where the real
 kube-scheduler allocates the claims (tests/golden/state_objects.yaml, one golden file per case).
 
-Regenerate with UPDATE_GOLDEN=1, then read the diff: every value in these files was checked by hand
+Regenerate with `make golden` (UPDATE_GOLDEN=1), then read the diff: every value in these files was checked by hand
 against the objects (see the comments in state_objects.yaml).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ import yaml
 
 from otel_dra.fixtures import create, object_path
 from otel_dra.kube.client import ApiError
-from tests.helpers import claim_pod, parse_samples, ready_node, scrape, state_families, wait_until
+from tests.helpers import check_golden, claim_pod, parse_samples, ready_node, scrape, state_families, wait_until
 
 GOLDEN = Path(__file__).parent.parent / "golden"
 OBJECTS = [doc for doc in yaml.safe_load_all((GOLDEN / "state_objects.yaml").read_text()) if doc]
@@ -196,10 +195,7 @@ def _exposition(text: str, case: Case, window: tuple[float, float]) -> str:
 def test_golden(golden_scrape, case):
     text, started, ended = golden_scrape
     got = _exposition(text, CASES[case], (started, ended))
-    path = GOLDEN / f"state_{case}.prom"
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        path.write_text(got)
-    assert got == path.read_text()
+    check_golden(GOLDEN / f"state_{case}.prom", got)
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_dra.demo import PluginProcess, start_plugin
+from otel_dra.cli.demo import PluginProcess, start_plugin
 from otel_dra.kube.client import ApiError, KubeClient, load_credentials
 from otel_dra.kubeletsim.sim import KubeletSim
 from tests.helpers import free_port, parse_samples, scrape, wait_until

@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from otel_dra.cli import PluginApp, start_plugin
+from otel_dra.cli.plugin import PluginApp, start_plugin
 from otel_dra.plugin.devices import simulated_devices
 from otel_dra.plugin.nvml import DiscoveryError
 from otel_dra.plugin.server import AlreadyRunning

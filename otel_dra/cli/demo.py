@@ -28,6 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from otel_dra.cli.exporter import start_exporter
+from otel_dra.cli.flags import add_flag, add_logging_flags, int_in
+from otel_dra.cli.kubelet_sim import kubelet_tracer
+from otel_dra.cli.lifecycle import stop_on_signals
 from otel_dra.kube.client import ApiError, KubeClient
 
 log = logging.getLogger("otel_dra.demo")
@@ -176,9 +180,7 @@ def start_plugin(
     return PluginProcess(node, metrics_port, process, log_path)
 
 
-def add_subcommand(sub: Any) -> None:
-    from otel_dra.cli import _add, _add_common, _int_in
-
+def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "demo",
         help="local cluster + simulated GPU nodes running the instrumented plugin + exporter + workload",
@@ -186,28 +188,26 @@ def add_subcommand(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--dir", default=None, help="state directory (default: a temporary one, removed at exit)")
-    _add(p, "--nodes", "OTEL_DRA_DEMO_NODES", "simulated nodes", default=2, type=_int_in(1, 50))
-    _add(p, "--pods", "OTEL_DRA_DEMO_PODS", "pods kept running, one GPU each", default=10, type=_int_in(0, 10000))
-    _add(p, "--port", "OTEL_DRA_PORT", "exporter listen port", default=8080, type=_int_in(0, 65535))
-    _add(
+    add_flag(p, "--nodes", "OTEL_DRA_DEMO_NODES", "simulated nodes", default=2, type=int_in(1, 50))
+    add_flag(p, "--pods", "OTEL_DRA_DEMO_PODS", "pods kept running, one GPU each", default=10, type=int_in(0, 10000))
+    add_flag(p, "--port", "OTEL_DRA_PORT", "exporter listen port", default=8080, type=int_in(0, 65535))
+    add_flag(
         p,
         "--plugin-metrics-port",
         "OTEL_DRA_DEMO_PLUGIN_METRICS_PORT",
         "metrics port of the first node's plugin; node i uses this + i",
         default=8081,
-        type=_int_in(1, 65000),
+        type=int_in(1, 65000),
     )
-    _add(p, "--address", "OTEL_DRA_ADDRESS", "exporter listen address", default="127.0.0.1")
-    _add_common(p)
+    add_flag(p, "--address", "OTEL_DRA_ADDRESS", "exporter listen address", default="127.0.0.1")
+    add_logging_flags(p)
     p.set_defaults(func=cmd_demo)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from otel_dra import __version__
-    from otel_dra.cli import start_exporter, stop_on_signals
     from otel_dra.fixtures import apply_all
     from otel_dra.kube.client import load_credentials
-    from otel_dra.kubeletsim.cli import kubelet_tracer
     from otel_dra.kubeletsim.sim import KubeletSim
     from otel_dra.telemetry.otlp import ConfigError
     from otel_dra.telemetry.tracing import build_tracing_pipeline

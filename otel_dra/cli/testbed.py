@@ -12,7 +12,7 @@ from otel_dra.testbed.build import BuildError, build
 from otel_dra.testbed.controlplane import TestbedError, down, up
 
 
-def add_subcommands(subparsers: Any) -> None:
+def add_parser(subparsers: Any) -> None:
     """Add the ``testbed`` command group to the top-level ``otel-dra`` parser."""
     testbed = subparsers.add_parser(
         "testbed",

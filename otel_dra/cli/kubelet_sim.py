@@ -1,4 +1,4 @@
-"""``otel-dra kubelet-sim`` command line."""
+"""``otel-dra kubelet-sim``: the kubelet emulator's flags, its wiring and its command."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from otel_dra import __version__, kubeletsim
+from otel_dra.cli.flags import UsageError, add_flag, add_kubeconfig_flag, add_logging_flags, int_in
+from otel_dra.cli.lifecycle import stop_on_signals, wait_for
 from otel_dra.kubeletsim.sim import DEFAULT_REGISTRY_DIR
 from otel_dra.telemetry.tracing import TracingPipeline, build_tracing_pipeline
 
@@ -21,9 +23,7 @@ def _node(text: str) -> tuple[str, Path]:
     return name, Path(directory) if directory else DEFAULT_REGISTRY_DIR
 
 
-def add_subcommand(sub: Any) -> None:
-    from otel_dra.cli import _add, _add_common, _int_in
-
+def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "kubelet-sim",
         help="play the kubelet's DRA part (registration, prepare/unprepare, pod status) for fake nodes",
@@ -40,18 +40,13 @@ def add_subcommand(sub: Any) -> None:
         help=f"a node to emulate and the directory its plugins register in (default {DEFAULT_REGISTRY_DIR}); "
         "repeatable",
     )
-    p.add_argument(
-        "--kubeconfig",
-        default=None,
-        help="kubeconfig file; default: KUBECONFIG (path list), else in-cluster, else ~/.kube/config",
-    )
-    _add(p, "--workers", "KUBELET_SIM_WORKERS", "pods handled in parallel", default=4, type=_int_in(1, 64))
-    _add_common(p)
+    add_kubeconfig_flag(p)
+    add_flag(p, "--workers", "KUBELET_SIM_WORKERS", "pods handled in parallel", default=4, type=int_in(1, 64))
+    add_logging_flags(p)
     p.set_defaults(func=cmd_kubelet_sim)
 
 
 def cmd_kubelet_sim(args: argparse.Namespace) -> int:
-    from otel_dra.cli import UsageError, stop_on_signals, wait_for
     from otel_dra.kube.client import ApiError, CredentialsError, KubeClient, load_credentials
     from otel_dra.kubeletsim.sim import KubeletSim
     from otel_dra.telemetry.otlp import ConfigError

@@ -14,26 +14,27 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from otel_dra.cli.exporter import start_exporter
+from otel_dra.cli.flags import add_flag, add_logging_flags, int_in
+from otel_dra.cli.lifecycle import stop_on_signals, wait_for
+
 log = logging.getLogger("otel_dra.sandbox")
 
 
-def add_subcommand(sub: Any) -> None:
-    from otel_dra.cli import _add, _add_common, _int_in
-
+def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "sandbox",
         help="run the exporter against a local testbed loaded with sample DRA objects",
         description=__doc__,
     )
     p.add_argument("--dir", default=None, help="testbed state directory (default: a temporary one)")
-    _add(p, "--port", "OTEL_DRA_PORT", "exporter listen port", default=8080, type=_int_in(0, 65535))
-    _add(p, "--address", "OTEL_DRA_ADDRESS", "exporter listen address", default="127.0.0.1")
-    _add_common(p)
+    add_flag(p, "--port", "OTEL_DRA_PORT", "exporter listen port", default=8080, type=int_in(0, 65535))
+    add_flag(p, "--address", "OTEL_DRA_ADDRESS", "exporter listen address", default="127.0.0.1")
+    add_logging_flags(p)
     p.set_defaults(func=cmd_sandbox)
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
-    from otel_dra.cli import start_exporter, stop_on_signals, wait_for
     from otel_dra.fixtures import apply_all, sample_objects
     from otel_dra.kube.client import KubeClient, load_credentials
     from otel_dra.testbed import find_or_build_binaries, running

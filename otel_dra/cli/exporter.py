@@ -1,0 +1,251 @@
+"""``otel-dra exporter``: the cluster-state exporter's flags, its wiring and its command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from otel_dra import __version__
+from otel_dra.cli.flags import (
+    UsageError,
+    add_flag,
+    add_kubeconfig_flag,
+    add_logging_flags,
+    boolean,
+    int_in,
+    positive_seconds,
+)
+from otel_dra.cli.lifecycle import stop_on_signals, wait_for
+from otel_dra.cluster.sharding import Shard, ordinal_from_pod_name
+
+log = logging.getLogger("otel_dra")
+
+
+def _device_attributes(text: str) -> Any:
+    from otel_dra.cluster.resourceslice import DeviceAttributes
+
+    try:
+        return DeviceAttributes.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "exporter",
+        help="serve DRA cluster-state metrics (ResourceClaims, ResourceSlices, DeviceClasses)",
+        description="Watches resource.k8s.io/v1 objects and serves their metrics on /metrics "
+        "(Prometheus) and, when OTEL_EXPORTER_OTLP_ENDPOINT is set, pushes them over OTLP.",
+    )
+    add_kubeconfig_flag(p)
+    add_flag(p, "--address", "OTEL_DRA_ADDRESS", "listen address (default: all interfaces)", default="")
+    add_flag(p, "--port", "OTEL_DRA_PORT", "listen port (0: pick a free one)", default=8080, type=int_in(0, 65535))
+    add_logging_flags(p)
+    add_flag(
+        p,
+        "--stale-after",
+        "OTEL_DRA_STALE_AFTER",
+        "seconds a broken watch may take to recover before /metrics answers 500",
+        default=30.0,
+        type=positive_seconds,
+    )
+    add_flag(p, "--page-size", "OTEL_DRA_PAGE_SIZE", "objects per list page", default=500, type=int_in(1, 10000))
+    add_flag(
+        p,
+        "--target-info",
+        "OTEL_DRA_TARGET_INFO",
+        "emit the target_info series with the OTel resource attributes",
+        default=True,
+        type=boolean,
+    )
+    add_flag(
+        p,
+        "--shard",
+        "OTEL_DRA_SHARD",
+        "this replica's shard number, or 'auto' to take it from the StatefulSet ordinal in POD_NAME",
+        default="0",
+    )
+    add_flag(p, "--total-shards", "OTEL_DRA_TOTAL_SHARDS", "number of shards", default=1, type=int_in(1, 1024))
+    from otel_dra.cluster.resourceslice import DEFAULT_DEVICE_ATTRIBUTES, MAX_DEVICE_ATTRIBUTES
+
+    add_flag(
+        p,
+        "--device-attributes",
+        "OTEL_DRA_DEVICE_ATTRIBUTES",
+        f"comma-separated device attributes that kube_resourceslice_device_info carries as labels "
+        f"(at most {MAX_DEVICE_ATTRIBUTES}; default {DEFAULT_DEVICE_ATTRIBUTES})",
+        default=_device_attributes(DEFAULT_DEVICE_ATTRIBUTES),
+        type=_device_attributes,
+    )
+    add_flag(
+        p,
+        "--leak-grace-period",
+        "OTEL_DRA_LEAK_GRACE_PERIOD",
+        "seconds a claim may stay allocated and reserved by nobody before kube_resourceclaim_leaked reports it",
+        default=600.0,
+        type=positive_seconds,
+    )
+    p.set_defaults(func=cmd_exporter)
+
+
+def _shard(args: argparse.Namespace) -> Shard:
+
+    raw = str(args.shard).strip()
+    try:
+        if raw == "auto":
+            pod = os.environ.get("POD_NAME", "")
+            if not pod:
+                raise ValueError("--shard=auto needs the POD_NAME environment variable (the downward API)")
+            index = ordinal_from_pod_name(pod)
+        else:
+            try:
+                index = int(raw)
+            except ValueError:
+                raise ValueError(f"--shard {raw!r}: expected a number or 'auto'") from None
+        return Shard(index, args.total_shards)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+@dataclass
+class ExporterApp:
+    """A running exporter (used by the CLI and by in-process tests)."""
+
+    server: Any
+    state: Any
+    pipeline: Any
+    pusher: Any = None
+
+    @property
+    def port(self) -> int:
+        return int(self.server.port)
+
+    _stopped: bool = False
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self.server.stop()
+        self.state.stop()
+        if self.pusher is not None:
+            self.pusher.shutdown()  # pushes the final state once
+        self.pipeline.shutdown()
+
+
+def start_exporter(
+    *,
+    kubeconfig: str | None,
+    address: str = "",
+    port: int = 8080,
+    stale_after: float = 30.0,
+    page_size: int = 500,
+    target_info: bool = True,
+    shard: Shard | None = None,
+    device_attributes: Any = None,
+    leak_grace: float = 600.0,
+) -> ExporterApp:
+    from otel_dra.cluster.exporter import ClusterState
+    from otel_dra.kube.client import KubeClient, load_credentials
+    from otel_dra.telemetry.exposition import assemble
+    from otel_dra.telemetry.http import Endpoints, MetricsServer, NotReady
+    from otel_dra.telemetry.priority import ScrapePriority
+    from otel_dra.telemetry.provider import build_metrics_pipeline
+
+    # A scrape thread waiting for the GIL while another thread runs Python (a watch burst, an OTLP
+    # push) waits up to the switch interval; 1 ms instead of 5 ms keeps scrapes responsive.
+    sys.setswitchinterval(0.001)
+    credentials = load_credentials(kubeconfig)
+    log.info("using Kubernetes credentials from %s (server %s)", credentials.source, credentials.host)
+    pipeline = build_metrics_pipeline(
+        service_name="otel-dra-exporter",
+        version=__version__,
+        target_info=target_info,
+    )
+    if pipeline.otlp is not None:
+        log.info("pushing metrics over OTLP (%s) to %s", pipeline.otlp.protocol, pipeline.otlp.endpoint)
+    client = KubeClient(credentials, user_agent=f"otel-dra-exporter/{__version__}")
+    state = ClusterState(
+        client,
+        pipeline.meter_provider,
+        otlp=pipeline.otlp is not None,
+        stale_after=stale_after,
+        page_size=page_size,
+        shard=shard,
+        leak_grace=leak_grace,
+        **({"device_attributes": device_attributes} if device_attributes is not None else {}),
+    )
+    if state.shard.sharded:
+        log.info("serving shard %d of %d", state.shard.index, state.shard.total)
+
+    def scrape(openmetrics: bool, gzipped: bool) -> list[bytes]:
+        reason = state.not_synced()
+        if reason is not None:
+            raise NotReady(reason)
+        return assemble(pipeline.registry, state.blocks(), openmetrics, gzipped)
+
+    def on_scrape(seconds: float, cpu_seconds: float, ok: bool) -> None:
+        if ok:
+            state.record_collection(seconds, "prometheus", cpu_seconds)
+
+    priority = ScrapePriority()
+    pusher = None
+    if pipeline.otlp is not None:
+        from otel_dra.cluster.exporter import SCOPE
+        from otel_dra.telemetry.otlp_encode import RequestBuilder
+        from otel_dra.telemetry.otlp_push import PreEncodedPusher, raw_sender
+
+        def on_export(seconds: float, cpu_seconds: float, ok: bool) -> None:
+            state.record_collection(seconds, "otlp", cpu_seconds)
+            log.debug("OTLP state push: %.3fs wall, %.3fs CPU, ok=%s", seconds, cpu_seconds, ok)
+
+        pusher = PreEncodedPusher(
+            state.otlp_source,
+            RequestBuilder(pipeline.resource, SCOPE, __version__),
+            raw_sender(pipeline.otlp),
+            on_export=on_export,
+            priority=priority,
+        )
+    server = MetricsServer(Endpoints(scrape, state.not_synced, on_scrape, priority), address, port)
+    state.start()
+    server.start()
+    if pusher is not None:
+        pusher.start()
+    log.info("serving /metrics, /healthz, /readyz on %s:%d", address or "0.0.0.0", server.port)
+    return ExporterApp(server, state, pipeline, pusher)
+
+
+def cmd_exporter(args: argparse.Namespace) -> int:
+    from otel_dra.kube.client import CredentialsError
+    from otel_dra.telemetry.otlp import ConfigError
+
+    shard = _shard(args)
+    stop = stop_on_signals()
+    try:
+        app = start_exporter(
+            shard=shard,
+            kubeconfig=args.kubeconfig,
+            address=args.address,
+            port=args.port,
+            stale_after=args.stale_after,
+            page_size=args.page_size,
+            target_info=args.target_info,
+            device_attributes=args.device_attributes,
+            leak_grace=args.leak_grace_period,
+        )
+    except (CredentialsError, ConfigError) as exc:
+        log.error("%s", exc)
+        return 2
+    except OSError as exc:
+        log.error("cannot listen on %s:%d: %s", args.address or "0.0.0.0", args.port, exc)
+        return 2
+    wait_for(stop)
+    started = time.monotonic()
+    app.stop()
+    log.info("stopped in %.1fs", time.monotonic() - started)
+    return 0

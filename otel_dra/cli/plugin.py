@@ -1,0 +1,328 @@
+"""``otel-dra plugin``: the example DRA kubelet plugin's flags, its wiring and its command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from otel_dra import __version__
+from otel_dra.cli.flags import (
+    UsageError,
+    add_flag,
+    add_kubeconfig_flag,
+    add_logging_flags,
+    boolean,
+    directory,
+    dns_subdomain,
+    int_in,
+)
+from otel_dra.cli.lifecycle import stop_on_signals, wait_for
+
+log = logging.getLogger("otel_dra")
+
+DEVICE_SOURCES = ("simulated", "nvml")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "plugin",
+        help="run the example DRA kubelet plugin (simulated or NVML GPUs), with metrics and traces",
+        description="A DRA kubelet plugin like kubernetes-sigs/dra-example-driver: registers with the "
+        "kubelet, publishes this node's devices as ResourceSlices, prepares and unprepares claims "
+        "(CDI specs, checkpoint). Metrics on --metrics-port (Prometheus) and over OTLP, traces over "
+        "OTLP, both configured with the standard OTEL_* variables.",
+    )
+    add_flag(p, "--node-name", "NODE_NAME", "this node's name (required)", type=dns_subdomain(253))
+    add_flag(
+        p, "--driver-name", "DRIVER_NAME", "the DRA driver name", default="gpu.example.com", type=dns_subdomain(63)
+    )
+    add_flag(
+        p,
+        "--num-devices",
+        "NUM_DEVICES",
+        "simulated GPUs to publish",
+        default=8,
+        type=int_in(0, 1024),
+    )
+    add_flag(p, "--cdi-root", "CDI_ROOT", "directory for CDI spec files", default=Path("/etc/cdi"), type=directory)
+    add_flag(
+        p,
+        "--kubelet-plugins-directory-path",
+        "KUBELET_PLUGINS_DIRECTORY_PATH",
+        "the kubelet's plugins directory (dra.sock, checkpoint)",
+        default=Path("/var/lib/kubelet/plugins"),
+        type=directory,
+    )
+    add_flag(
+        p,
+        "--kubelet-registrar-directory-path",
+        "KUBELET_REGISTRAR_DIRECTORY_PATH",
+        "the kubelet's plugin registration directory",
+        default=Path("/var/lib/kubelet/plugins_registry"),
+        type=directory,
+    )
+    add_flag(
+        p,
+        "--metrics-port",
+        "METRICS_PORT",
+        "port for /metrics (-1: off, 0: pick a free one)",
+        default=-1,
+        type=int_in(-1, 65535),
+    )
+    add_flag(
+        p,
+        "--healthcheck-port",
+        "HEALTHCHECK_PORT",
+        "port for the gRPC health service (-1: off, 0: pick a free one)",
+        default=-1,
+        type=int_in(-1, 65535),
+    )
+    add_kubeconfig_flag(p)
+    add_flag(
+        p,
+        "--device-source",
+        "DEVICE_SOURCE",
+        "simulated GPUs, or real NVIDIA GPUs found through NVML",
+        default="simulated",
+        choices=DEVICE_SOURCES,
+    )
+    add_flag(
+        p,
+        "--remove-slices-on-exit",
+        "REMOVE_SLICES_ON_EXIT",
+        "delete this node's ResourceSlices on a clean shutdown",
+        default=False,
+        type=boolean,
+    )
+    add_logging_flags(p)
+    p.set_defaults(func=cmd_plugin)
+
+
+@dataclass
+class PluginApp:
+    """A running plugin (used by the CLI and by in-process tests)."""
+
+    server: Any
+    publisher: Any
+    driver: Any
+    metrics_pipeline: Any
+    tracing: Any
+    metrics_server: Any = None
+    health: Any = None
+    remove_slices_on_exit: bool = False
+    fatal: BaseException | None = None
+    _stopped: bool = False
+
+    @property
+    def metrics_port(self) -> int | None:
+        return None if self.metrics_server is None else int(self.metrics_server.port)
+
+    @property
+    def health_port(self) -> int | None:
+        return None if self.health is None else int(self.health.port)
+
+    def stop(self, remove_slices: bool | None = None) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.health is not None:
+            self.health.stop()
+        self.server.stop()
+        self.publisher.stop()
+        if self.remove_slices_on_exit if remove_slices is None else remove_slices:
+            from otel_dra.kube.client import ApiError
+
+            try:
+                self.publisher.delete_all()
+            except ApiError as exc:
+                log.error("could not delete this node's ResourceSlices: %s", exc)
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+        self.tracing.shutdown()
+        self.metrics_pipeline.shutdown()
+
+
+def start_plugin(
+    *,
+    node_name: str,
+    kubeconfig: str | None,
+    driver_name: str = "gpu.example.com",
+    num_devices: int = 8,
+    cdi_root: Path = Path("/etc/cdi"),
+    plugins_dir: Path = Path("/var/lib/kubelet/plugins"),
+    registrar_dir: Path = Path("/var/lib/kubelet/plugins_registry"),
+    metrics_port: int = -1,
+    metrics_address: str = "",
+    healthcheck_port: int = -1,
+    device_source: str = "simulated",
+    remove_slices_on_exit: bool = False,
+    resync: float = 30.0,
+    nvml: Any = None,
+    tracer_provider: Any = None,
+    on_fatal: Callable[[BaseException], None] | None = None,
+) -> PluginApp:
+    """Start the plugin. ``tracer_provider`` and ``nvml`` replace what the environment would give
+    (tests); ``on_fatal`` is called from a background thread when the plugin cannot go on."""
+    from otel_dra.kube.client import KubeClient, RetryPolicy, load_credentials
+    from otel_dra.plugin.cdi import CdiWriter
+    from otel_dra.plugin.checkpoint import Checkpoint
+    from otel_dra.plugin.devices import Device, simulated_devices
+    from otel_dra.plugin.driver import Driver, Inventory
+    from otel_dra.plugin.metrics import PluginMetrics
+    from otel_dra.plugin.server import HealthServer, PluginServer
+    from otel_dra.plugin.slices import SlicePublisher
+    from otel_dra.telemetry.exposition import assemble
+    from otel_dra.telemetry.http import Endpoints, MetricsServer
+    from otel_dra.telemetry.provider import build_metrics_pipeline, make_resource
+    from otel_dra.telemetry.tracing import TracingPipeline, build_tracing_pipeline
+
+    credentials = load_credentials(kubeconfig)
+    log.info("using Kubernetes credentials from %s (server %s)", credentials.source, credentials.host)
+    if tracer_provider is not None:
+        tracing = TracingPipeline(tracer_provider, make_resource("otel-dra-plugin", __version__))
+    else:
+        tracing = build_tracing_pipeline(service_name="otel-dra-plugin", version=__version__)
+    if tracing.enabled:
+        log.info("exporting traces (%s) to %s", tracing.exporter_name, tracing.otlp.endpoint if tracing.otlp else "-")
+    pipeline = build_metrics_pipeline(service_name="otel-dra-plugin", version=__version__)
+    if pipeline.otlp is not None:
+        log.info("pushing metrics over OTLP (%s) to %s", pipeline.otlp.protocol, pipeline.otlp.endpoint)
+    metrics = PluginMetrics(pipeline.meter_provider)
+    client = KubeClient(
+        credentials,
+        observer=metrics.observe_request,
+        retry=RetryPolicy(),
+        user_agent=f"otel-dra-plugin/{__version__}",
+    )
+
+    if device_source == "nvml":
+        from otel_dra.plugin.nvml import discover as nvml_discover
+
+        def discover() -> list[Device]:
+            return nvml_discover(nvml)
+    else:
+
+        def discover() -> list[Device]:
+            return simulated_devices(node_name, num_devices)
+
+    started: list[Any] = []
+    try:
+        devices = discover()  # at start-up, so that a broken device source fails loudly here
+        log.info("%d device(s) from %s: %s", len(devices), device_source, ", ".join(d.name for d in devices) or "-")
+        inventory = Inventory(devices)
+        cdi = CdiWriter(cdi_root, driver_name, node_name)
+        cdi.write_common()
+        checkpoint = Checkpoint(plugins_dir / driver_name / "checkpoint.json")
+        driver = Driver(
+            client=client,
+            driver_name=driver_name,
+            node_name=node_name,
+            inventory=inventory,
+            cdi=cdi,
+            checkpoint=checkpoint,
+            metrics=metrics,
+            tracer_provider=tracing.tracer_provider,
+        )
+        server = PluginServer(
+            driver,
+            tracing.tracer_provider,
+            driver_name=driver_name,
+            plugins_dir=plugins_dir,
+            registrar_dir=registrar_dir,
+        )
+        server.start()
+        started.append(server)
+        app = PluginApp(server, None, driver, pipeline, tracing, remove_slices_on_exit=remove_slices_on_exit)
+
+        def fatal(exc: BaseException) -> None:
+            metrics.fatal_error()
+            app.fatal = exc
+            if on_fatal is not None:
+                on_fatal(exc)
+
+        publisher = SlicePublisher(
+            client,
+            driver_name=driver_name,
+            node_name=node_name,
+            discover=discover,
+            on_devices=inventory.replace,
+            on_fatal=fatal,
+            resync=resync,
+        )
+        app.publisher = publisher
+        publisher.start()
+        started.append(publisher)
+        if healthcheck_port >= 0:
+            app.health = HealthServer(server, healthcheck_port).start()
+            started.append(app.health)
+            log.info("serving gRPC health on :%d", app.health.port)
+        if metrics_port >= 0:
+
+            def scrape(openmetrics: bool, gzipped: bool) -> list[bytes]:
+                return assemble(pipeline.registry, [], openmetrics, gzipped)
+
+            app.metrics_server = MetricsServer(Endpoints(scrape, lambda: None), metrics_address, metrics_port).start()
+            log.info("serving metrics on %s:%d", metrics_address or "0.0.0.0", app.metrics_server.port)
+    except BaseException:
+        for part in reversed(started):
+            part.stop()
+        tracing.shutdown()
+        pipeline.shutdown()
+        raise
+    return app
+
+
+def cmd_plugin(args: argparse.Namespace) -> int:
+    from otel_dra.kube.client import CredentialsError
+    from otel_dra.plugin.checkpoint import CheckpointError
+    from otel_dra.plugin.nvml import DiscoveryError
+    from otel_dra.plugin.server import PluginStartError
+    from otel_dra.telemetry.otlp import ConfigError
+
+    if not args.node_name:
+        raise UsageError("--node-name (or NODE_NAME) is required")
+    # As for the exporter: a prepare whose API answer has arrived waits for the GIL up to the
+    # switch interval while another thread (gRPC, telemetry export) runs Python; 1 ms, not 5.
+    sys.setswitchinterval(0.001)
+    stop = stop_on_signals()
+    try:
+        app = start_plugin(
+            node_name=args.node_name,
+            kubeconfig=args.kubeconfig,
+            driver_name=args.driver_name,
+            num_devices=args.num_devices,
+            cdi_root=args.cdi_root,
+            plugins_dir=args.kubelet_plugins_directory_path,
+            registrar_dir=args.kubelet_registrar_directory_path,
+            metrics_port=args.metrics_port,
+            healthcheck_port=args.healthcheck_port,
+            device_source=args.device_source,
+            remove_slices_on_exit=args.remove_slices_on_exit,
+            on_fatal=lambda exc: stop.set(),
+        )
+    except (CredentialsError, ConfigError) as exc:
+        log.error("%s", exc)
+        return 2
+    except (PluginStartError, CheckpointError, DiscoveryError) as exc:
+        log.error("%s", exc)
+        return 1
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    # SIGHUP: rediscover devices and republish now instead of at the next resync.
+    signal.signal(signal.SIGHUP, lambda signum, frame: app.publisher.trigger())
+    wait_for(stop)
+    started = time.monotonic()
+    app.stop()
+    if app.fatal is not None:
+        log.error("stopped after a fatal error: %s", app.fatal)
+        return 1
+    log.info("stopped in %.1fs", time.monotonic() - started)
+    return 0
