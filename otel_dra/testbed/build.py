@@ -9,6 +9,11 @@ throw-away "wrapper" module under the cache root that requires the real module a
 dependencies. Binaries land in version-keyed directories outside the repository, which lets a machine
 that already built them skip the (long) build, and lets a version bump rebuild side by side.
 
+Every peer is one row of :data:`PEERS` (a :class:`GoPeer`: module, version, packages, flags) and
+one generic builder, :func:`build_peer`, turns any row into its wrapper module and ``go build``
+command, so a new peer or version is a new row. Only the Collector distribution is a step of its own:
+ocb (itself a row) generates and builds it from a manifest.
+
 Everything that can be left half-done (a wrapper module whose ``go mod tidy`` failed, an interrupted
 ``go build``) is produced under a ``.tmp`` name first and renamed into place only once complete, so a
 later run never mistakes a partial result for a finished one.
@@ -17,6 +22,7 @@ later run never mistakes a partial result for a finished one.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -29,6 +35,7 @@ from pathlib import Path
 
 KUBERNETES_VERSION = "v1.34.4"
 ETCD_VERSION = "v3.6.16"
+HELM_VERSION = "v3.21.4"
 
 # k8s.io/kubernetes requires its staging modules at v0.0.0 and relies on replace lines in its own
 # go.mod, which do not apply to a module that depends on it; the wrapper must replace each of them
@@ -69,6 +76,29 @@ KUBERNETES_STAGING_MODULES = (
 
 KUBERNETES_COMMANDS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl")
 
+# The Collector Builder (ocb) release and the component releases it assembles. Every component must
+# come from one Collector release: core v0.165.0 pairs with the stable core modules v1.71.0 and with
+# contrib v0.165.1. contrib's k8sattributesprocessor is versioned 1.x since it went stable (see
+# OTELCOL_REPLACES for why it is one release behind).
+OCB_VERSION = "v0.165.0"
+OTELCOL_CORE_VERSION = "v0.165.0"
+OTELCOL_STABLE_VERSION = "v1.71.0"
+OTELCOL_CONTRIB_VERSION = "v0.165.1"
+K8SATTRIBUTES_VERSION = "v1.3.1"
+OTELCOL_NAME = "otelcol-dra"
+OTELCOL_TITLE = "the OpenTelemetry Collector"
+
+_CORE = "go.opentelemetry.io/collector"
+_CONTRIB = "github.com/open-telemetry/opentelemetry-collector-contrib"
+
+# Jaeger v2 (a Collector distribution itself): tag v1.76.0 carries the v2.13.0 code. Its go.mod
+# replaces sarama; replace lines of a dependency do not apply, so the wrapper repeats it.
+JAEGER_VERSION = "v1.76.0"
+JAEGER_REPLACES = ("github.com/Shopify/sarama => github.com/Shopify/sarama v1.33.0",)
+
+# Receives the human-readable status lines of a build (stderr by default).
+Progress = Callable[[str], None]
+
 # How often a long step reports that it is still running, so a multi-minute link does not look hung.
 _HEARTBEAT_SECONDS = 30.0
 # Lines of go output kept for the error message of a failed step (the full output goes to a log file).
@@ -83,9 +113,155 @@ class BinariesMissingError(BuildError):
     """The testbed binaries have not been built on this machine yet."""
 
 
+# --- the peer table --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GoPeer:
+    """One row of the peer table: Go main package(s) built inside a wrapper module that requires
+    ``module`` at ``version``.
+
+    The row's key ``<name>-<version>`` names everything it leaves in the cache: the wrapper module
+    ``src/<key>``, the binaries ``bin/<key>/`` and the logs ``logs/<key>-tidy.log`` and
+    ``logs/<key>-build.log``. Fields that depend on the version (Kubernetes' staging replaces and
+    version ldflags) can be functions of the row, so that a row for another version is the same row
+    with only ``version`` changed.
+    """
+
+    name: str
+    version: str
+    module: str
+    # Main packages, built by one `go build` in this order; () means the module's root package.
+    packages: tuple[str, ...] = ()
+    # The executable's name where it is not the package's last path element (one-package rows only):
+    # go names the binaries of several packages itself.
+    binary: str = ""
+    # The packages tools.go imports so that `go mod tidy` records their dependencies; None: `packages`.
+    imports: tuple[str, ...] | Callable[[GoPeer], tuple[str, ...]] | None = None
+    ldflags: str | Callable[[GoPeer], str] = ""
+    # go.mod replace directives ("old => new version"): a dependency's own replaces do not apply.
+    replaces: tuple[str, ...] | Callable[[GoPeer], tuple[str, ...]] = ()
+    godebug: str = ""
+    # False: CGO_ENABLED=0, like the peers' static release binaries (cgo buys nothing here and needs
+    # a C toolchain); None: the environment's setting.
+    cgo: bool | None = False
+    trimpath: bool = False
+    # What the progress lines call the build step (after "go build "); default: the binary names.
+    label: str = ""
+    # How messages name the peer ("Jaeger is not built yet", "install Go ... to build Jaeger"); default: name.
+    title: str = ""
+    # The oldest Go toolchain that builds this version, for the hint when `go` is missing.
+    min_go: str = "1.24"
+
+    def __post_init__(self) -> None:
+        if not self.packages:
+            object.__setattr__(self, "packages", (self.module,))  # frozen: the dataclass way to normalise
+        if not self.title:
+            object.__setattr__(self, "title", self.name)
+        if self.binary and len(self.packages) != 1:
+            raise ValueError(f"{self.key}: `binary` names the output of a one-package row only")
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}-{self.version}"
+
+    @property
+    def binaries(self) -> tuple[str, ...]:
+        if self.binary:
+            return (self.binary,)
+        return tuple(package.rsplit("/", 1)[-1] for package in self.packages)
+
+    def bin_dir(self, root: Path) -> Path:
+        return root / "bin" / self.key
+
+    def tools_imports(self) -> tuple[str, ...]:
+        if self.imports is None:
+            return self.packages
+        return self.imports(self) if callable(self.imports) else self.imports
+
+    def go_ldflags(self) -> str:
+        return self.ldflags(self) if callable(self.ldflags) else self.ldflags
+
+    def go_replaces(self) -> tuple[str, ...]:
+        return self.replaces(self) if callable(self.replaces) else self.replaces
+
+
+def kubernetes_staging_replaces(peer: GoPeer) -> tuple[str, ...]:
+    """k8s.io/<staging> => the v0.<minor>.<patch> release of each of KUBERNETES_STAGING_MODULES.
+
+    The list is that of the 1.34 tree; a replace of a module the build does not need is ignored, so
+    it serves newer versions until one adds a staging module.
+    """
+    staging_version = "v0." + peer.version.removeprefix("v1.")
+    return tuple(f"k8s.io/{name} => k8s.io/{name} {staging_version}" for name in KUBERNETES_STAGING_MODULES)
+
+
+def kubernetes_version_ldflags(peer: GoPeer) -> str:
+    # Without these the binaries report v0.0.0-master, which breaks /version and kubectl's skew check.
+    major, minor, _ = peer.version.removeprefix("v").split(".")
+    return (
+        "-s -w"
+        f" -X k8s.io/component-base/version.gitVersion={peer.version}"
+        f" -X k8s.io/component-base/version.gitMajor={major}"
+        f" -X k8s.io/component-base/version.gitMinor={minor}"
+    )
+
+
+def kubernetes_tools_imports(peer: GoPeer) -> tuple[str, ...]:
+    """The commands, with kubectl's command tree (it lives in the k8s.io/kubectl staging module)
+    imported just before cmd/kubectl."""
+    return tuple(
+        imported
+        for package in peer.packages
+        for imported in (("k8s.io/kubectl/pkg/cmd", package) if package.endswith("/cmd/kubectl") else (package,))
+    )
+
+
+def helm_version_ldflags(peer: GoPeer) -> str:
+    # As helm's own release build does: the version `helm version` reports.
+    return f"-s -w -X helm.sh/helm/v3/internal/version.version={peer.version}"
+
+
+# The table. A row gives name, version and the module its wrapper requires, then only what differs from
+# GoPeer's defaults (one `go build` of the module's root package, static, `-o <name>`).
+ETCD = GoPeer("etcd", ETCD_VERSION, "go.etcd.io/etcd/server/v3", binary="etcd")
+# Another Kubernetes version is this row with another version: dataclasses.replace(KUBERNETES, version=...).
+KUBERNETES = GoPeer(
+    "kubernetes", KUBERNETES_VERSION, "k8s.io/kubernetes",
+    packages=tuple(f"k8s.io/kubernetes/cmd/{name}" for name in KUBERNETES_COMMANDS),
+    imports=kubernetes_tools_imports, ldflags=kubernetes_version_ldflags, replaces=kubernetes_staging_replaces,
+    # Copied from k8s.io/kubernetes' own go.mod: the main module's godebug settings decide runtime
+    # behaviour, and Kubernetes is tested with these defaults.
+    godebug="default=go1.24",
+    # The control plane has always been built with the environment's cgo setting; forcing it either
+    # way would make a fresh machine's binaries differ from the cached ones.
+    cgo=None, title="Kubernetes",
+)  # fmt: skip
+# A module build has no release ldflags for the Kubernetes version, so helm assumes an old one:
+# callers pass ``--kube-version`` to ``template``/``lint``.
+HELM = GoPeer(
+    "helm", HELM_VERSION, "helm.sh/helm/v3", packages=("helm.sh/helm/v3/cmd/helm",), ldflags=helm_version_ldflags
+)
+OCB = GoPeer(
+    "ocb", OCB_VERSION, f"{_CORE}/cmd/builder", binary="ocb", ldflags="-s -w",
+    label="builder", title="the OpenTelemetry Collector Builder", min_go="1.26",
+)  # fmt: skip
+# cmd/jaeger: Jaeger v2 with memory storage and the query API.
+JAEGER = GoPeer(
+    "jaeger", JAEGER_VERSION, "github.com/jaegertracing/jaeger",
+    packages=("github.com/jaegertracing/jaeger/cmd/jaeger",), ldflags="-s -w", replaces=JAEGER_REPLACES, trimpath=True,
+    label="cmd/jaeger", title="Jaeger", min_go="1.26",
+)  # fmt: skip
+
+PEERS: tuple[GoPeer, ...] = (ETCD, KUBERNETES, HELM, OCB, JAEGER)
+# What `build` builds and `Binaries` points at, in build order.
+CONTROL_PLANE: tuple[GoPeer, ...] = (KUBERNETES, ETCD)
+
+
 @dataclass(frozen=True)
 class Binaries:
-    """Paths to the testbed's executables."""
+    """Paths to the control plane's executables; a field per binary of :data:`CONTROL_PLANE` that
+    the testbed runs (``kube_apiserver`` is the binary ``kube-apiserver``)."""
 
     etcd: Path
     kube_apiserver: Path
@@ -94,35 +270,22 @@ class Binaries:
     kubectl: Path
 
     def all(self) -> tuple[Path, ...]:
-        return (
-            self.etcd,
-            self.kube_apiserver,
-            self.kube_scheduler,
-            self.kube_controller_manager,
-            self.kubectl,
-        )
+        return tuple(getattr(self, field.name) for field in dataclasses.fields(self))
 
     def missing(self) -> list[Path]:
         return [path for path in self.all() if not _is_executable(path)]
 
     def as_dict(self) -> dict[str, str]:
-        return {
-            "etcd": str(self.etcd),
-            "kube-apiserver": str(self.kube_apiserver),
-            "kube-scheduler": str(self.kube_scheduler),
-            "kube-controller-manager": str(self.kube_controller_manager),
-            "kubectl": str(self.kubectl),
-        }
+        return {_binary_name(field.name): str(getattr(self, field.name)) for field in dataclasses.fields(self)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, str]) -> Binaries:
-        return cls(
-            etcd=Path(data["etcd"]),
-            kube_apiserver=Path(data["kube-apiserver"]),
-            kube_scheduler=Path(data["kube-scheduler"]),
-            kube_controller_manager=Path(data["kube-controller-manager"]),
-            kubectl=Path(data["kubectl"]),
-        )
+        """The inverse of :meth:`as_dict`; keys that are not fields (other binaries) are ignored."""
+        return cls(**{field.name: Path(data[_binary_name(field.name)]) for field in dataclasses.fields(cls)})
+
+
+def _binary_name(field_name: str) -> str:
+    return field_name.replace("_", "-")
 
 
 def default_cache_root() -> Path:
@@ -135,24 +298,11 @@ def _resolve_root(cache_root: Path | None) -> Path:
     return (cache_root if cache_root is not None else default_cache_root()).expanduser().resolve()
 
 
-def _kubernetes_bin_dir(root: Path) -> Path:
-    return root / "bin" / f"kubernetes-{KUBERNETES_VERSION}"
-
-
-def _etcd_bin_dir(root: Path) -> Path:
-    return root / "bin" / f"etcd-{ETCD_VERSION}"
-
-
 def expected_binaries(cache_root: Path | None = None) -> Binaries:
     """Where the binaries of the pinned versions live under the cache root (built or not)."""
     root = _resolve_root(cache_root)
-    kube = _kubernetes_bin_dir(root)
-    return Binaries(
-        etcd=_etcd_bin_dir(root) / "etcd",
-        kube_apiserver=kube / "kube-apiserver",
-        kube_scheduler=kube / "kube-scheduler",
-        kube_controller_manager=kube / "kube-controller-manager",
-        kubectl=kube / "kubectl",
+    return Binaries.from_dict(
+        {name: str(peer.bin_dir(root) / name) for peer in CONTROL_PLANE for name in peer.binaries}
     )
 
 
@@ -174,12 +324,23 @@ def find_or_build_binaries() -> Binaries:
     try:
         return find_binaries()
     except BinariesMissingError:
-        _print_progress("building the testbed binaries first (one time, several minutes)")
+        _to_stderr("building the testbed binaries first (one time, several minutes)")
         return build()
 
 
 def _is_executable(path: Path) -> bool:
     return path.is_file() and os.access(path, os.X_OK)
+
+
+def _require_built(path: Path, title: str, flag: str) -> Path:
+    if not _is_executable(path):
+        raise BinariesMissingError(f"{title} is not built yet ({path}); run `otel-dra testbed build --{flag}`")
+    return path
+
+
+def _require_go(what: str, min_go: str) -> None:
+    if shutil.which("go") is None:
+        raise BuildError(f"the `go` tool is not on PATH: install Go ({min_go} or newer) to build {what}")
 
 
 def go_environment(cache_root: Path | None = None) -> dict[str, str]:
@@ -197,49 +358,74 @@ def go_environment(cache_root: Path | None = None) -> dict[str, str]:
     return env
 
 
-def _print_progress(line: str) -> None:
+def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-# --- wrapper modules -----------------------------------------------------------------------------
+# --- wrapper modules and go commands of a row ----------------------------------------------------
 
 
+def wrapper_files(peer: GoPeer) -> dict[str, str]:
+    """go.mod and tools.go of the row's wrapper module (before ``go mod tidy``)."""
+    stanzas = [f"module otel-dra-peers/{peer.name}", "go 1.24.0"]
+    if peer.godebug:
+        stanzas.append(f"godebug {peer.godebug}")
+    stanzas.append(f"require {peer.module} {peer.version}")
+    stanzas.extend(f"replace {replace}" for replace in peer.go_replaces())
+    # The blank imports make `go mod tidy` record every dependency of the commands we build. The build
+    # tag keeps this file out of real builds: importing a main package is only legal for dependency
+    # tracking.
+    imports = peer.tools_imports()
+    if len(imports) == 1:
+        import_block = f'import _ "{imports[0]}"\n'
+    else:
+        import_block = "import (\n" + "".join(f'\t_ "{package}"\n' for package in imports) + ")\n"
+    return {"go.mod": "\n\n".join(stanzas) + "\n", "tools.go": "//go:build tools\npackage tools\n" + import_block}
+
+
+def go_build_command(peer: GoPeer, out_dir: Path) -> list[str]:
+    """The ``go build`` argv that writes the row's binaries into ``out_dir``."""
+    ldflags = peer.go_ldflags()
+    # For one package -o names the file; for several, a trailing separator makes go treat -o as a
+    # directory and name each binary after its package.
+    output = str(out_dir / peer.binaries[0]) if len(peer.packages) == 1 else str(out_dir) + os.sep
+    return [
+        "go",
+        "build",
+        *(["-trimpath"] if peer.trimpath else []),
+        *(["-ldflags", ldflags] if ldflags else []),
+        "-o",
+        output,
+        *peer.packages,
+    ]
+
+
+def go_build_environment(peer: GoPeer, env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` (see :func:`go_environment`) with the row's cgo setting."""
+    if peer.cgo is None:
+        return dict(env)
+    return {**env, "CGO_ENABLED": "1" if peer.cgo else "0"}
+
+
+# The per-peer names from before the table, kept for their callers.
 def kubernetes_wrapper_files() -> dict[str, str]:
-    """go.mod and tools.go of the k8s.io/kubernetes wrapper module (before ``go mod tidy``)."""
-    staging_version = "v0." + KUBERNETES_VERSION.removeprefix("v1.")
-    replaces = "".join(
-        f"replace k8s.io/{name} => k8s.io/{name} {staging_version}\n\n" for name in KUBERNETES_STAGING_MODULES
-    )
-    go_mod = (
-        "module otel-dra-peers/kubernetes\n\n"
-        "go 1.24.0\n\n"
-        # Copied from k8s.io/kubernetes' own go.mod: the main module's godebug settings decide runtime
-        # behaviour, and Kubernetes is tested with these defaults.
-        "godebug default=go1.24\n\n"
-        f"require k8s.io/kubernetes {KUBERNETES_VERSION}\n\n" + replaces
-    ).rstrip("\n") + "\n"
-    # The blank imports make `go mod tidy` record every dependency of the commands we build (kubectl's
-    # command tree lives in the k8s.io/kubectl staging module). The build tag keeps this file out of
-    # real builds: importing a main package is only legal for dependency tracking.
-    tools_go = (
-        "//go:build tools\n"
-        "package tools\n"
-        "import (\n"
-        '\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n'
-        '\t_ "k8s.io/kubernetes/cmd/kube-scheduler"\n'
-        '\t_ "k8s.io/kubernetes/cmd/kube-controller-manager"\n'
-        '\t_ "k8s.io/kubectl/pkg/cmd"\n'
-        '\t_ "k8s.io/kubernetes/cmd/kubectl"\n'
-        ")\n"
-    )
-    return {"go.mod": go_mod, "tools.go": tools_go}
+    return wrapper_files(KUBERNETES)
 
 
 def etcd_wrapper_files() -> dict[str, str]:
-    """go.mod and tools.go of the etcd wrapper module (before ``go mod tidy``)."""
-    go_mod = f"module otel-dra-peers/etcd\n\ngo 1.24.0\n\nrequire go.etcd.io/etcd/server/v3 {ETCD_VERSION}\n"
-    tools_go = '//go:build tools\npackage tools\nimport _ "go.etcd.io/etcd/server/v3"\n'
-    return {"go.mod": go_mod, "tools.go": tools_go}
+    return wrapper_files(ETCD)
+
+
+def helm_wrapper_files() -> dict[str, str]:
+    return wrapper_files(HELM)
+
+
+def ocb_wrapper_files() -> dict[str, str]:
+    return wrapper_files(OCB)
+
+
+def jaeger_wrapper_files() -> dict[str, str]:
+    return wrapper_files(JAEGER)
 
 
 def _ensure_wrapper(
@@ -248,7 +434,7 @@ def _ensure_wrapper(
     files: Mapping[str, str],
     *,
     env: Mapping[str, str],
-    progress: Callable[[str], None],
+    progress: Progress,
     verbose: bool,
 ) -> Path:
     """Create and tidy the wrapper module ``<root>/src/<name>`` unless it is already complete."""
@@ -287,7 +473,7 @@ def _run_step(
     cwd: Path,
     env: Mapping[str, str],
     log: Path,
-    progress: Callable[[str], None],
+    progress: Progress,
     verbose: bool,
 ) -> None:
     """Run one go command, reporting start, heartbeats and elapsed time; output only on failure.
@@ -360,20 +546,61 @@ def _build_into(
     tmp.rename(final_dir)
 
 
-def _kubernetes_ldflags() -> str:
-    # Without these the binaries report v0.0.0-master, which breaks /version and kubectl's skew check.
-    major, minor, _ = KUBERNETES_VERSION.removeprefix("v").split(".")
-    return (
-        "-s -w"
-        f" -X k8s.io/component-base/version.gitVersion={KUBERNETES_VERSION}"
-        f" -X k8s.io/component-base/version.gitMajor={major}"
-        f" -X k8s.io/component-base/version.gitMinor={minor}"
-    )
+def build_peer(
+    peer: GoPeer,
+    cache_root: Path | None = None,
+    progress: Progress = _to_stderr,
+    *,
+    verbose: bool = False,
+) -> Path:
+    """Build any row of the peer table unless its binaries already exist; returns ``bin/<key>/``."""
+    root = _resolve_root(cache_root)
+    _build_peers(root, (peer,), peer.title, progress, verbose)
+    return peer.bin_dir(root)
+
+
+def _build_peers(
+    root: Path,
+    peers: Sequence[GoPeer],
+    what: str,
+    progress: Progress,
+    verbose: bool,
+) -> None:
+    """Build each row in turn; go is only required (and ``what`` it builds named) when one is missing."""
+    if _all_built(root, peers):
+        return
+    # Compared as numbers: Go 1.9 is older than 1.24.
+    _require_go(what, max((peer.min_go for peer in peers), key=lambda v: tuple(map(int, v.split(".")))))
+    env = go_environment(root)
+    for peer in peers:
+        _build_row(root, peer, env, progress, verbose)
+
+
+def _all_built(root: Path, peers: Sequence[GoPeer]) -> bool:
+    return all(_is_executable(peer.bin_dir(root) / name) for peer in peers for name in peer.binaries)
+
+
+def _build_row(root: Path, peer: GoPeer, env: Mapping[str, str], progress: Progress, verbose: bool) -> None:
+    """The generic recipe: tidy the row's wrapper module, then one ``go build`` into ``bin/<key>``."""
+
+    def run_build(out_dir: Path) -> None:
+        src = _ensure_wrapper(root, peer.key, wrapper_files(peer), env=env, progress=progress, verbose=verbose)
+        _run_step(
+            f"{peer.key}: go build {peer.label or ' '.join(peer.binaries)}",
+            go_build_command(peer, out_dir),
+            cwd=src,
+            env=go_build_environment(peer, env),
+            log=root / "logs" / f"{peer.key}-build.log",
+            progress=progress,
+            verbose=verbose,
+        )
+
+    _build_into(peer.bin_dir(root), peer.binaries, run_build)
 
 
 def build(
     cache_root: Path | None = None,
-    progress: Callable[[str], None] = _print_progress,
+    progress: Progress = _to_stderr,
     *,
     verbose: bool = False,
 ) -> Binaries:
@@ -385,62 +612,11 @@ def build(
     """
     root = _resolve_root(cache_root)
     binaries = expected_binaries(root)
-    if not binaries.missing():
+    # The rows, not `Binaries`: a binary added to a row is built even before the testbed runs it.
+    if _all_built(root, CONTROL_PLANE):
         progress(f"testbed binaries already built under {root / 'bin'}")
         return binaries
-    if shutil.which("go") is None:
-        raise BuildError(
-            "the `go` tool is not on PATH: install Go (1.24 or newer) to build the testbed's "
-            "etcd and Kubernetes binaries from source"
-        )
-    env = go_environment(root)
-    logs = root / "logs"
-
-    def build_kubernetes(out_dir: Path) -> None:
-        src = _ensure_wrapper(
-            root,
-            f"kubernetes-{KUBERNETES_VERSION}",
-            kubernetes_wrapper_files(),
-            env=env,
-            progress=progress,
-            verbose=verbose,
-        )
-        _run_step(
-            f"kubernetes-{KUBERNETES_VERSION}: go build {' '.join(KUBERNETES_COMMANDS)}",
-            [
-                "go",
-                "build",
-                "-ldflags",
-                _kubernetes_ldflags(),
-                # A trailing separator makes go treat -o as a directory for several main packages.
-                "-o",
-                str(out_dir) + os.sep,
-                *(f"k8s.io/kubernetes/cmd/{name}" for name in KUBERNETES_COMMANDS),
-            ],
-            cwd=src,
-            env=env,
-            log=logs / f"kubernetes-{KUBERNETES_VERSION}-build.log",
-            progress=progress,
-            verbose=verbose,
-        )
-
-    def build_etcd(out_dir: Path) -> None:
-        src = _ensure_wrapper(
-            root, f"etcd-{ETCD_VERSION}", etcd_wrapper_files(), env=env, progress=progress, verbose=verbose
-        )
-        # etcd's release binaries are static; cgo buys nothing here and needs a C toolchain.
-        _run_step(
-            f"etcd-{ETCD_VERSION}: go build etcd",
-            ["go", "build", "-o", str(out_dir / "etcd"), "go.etcd.io/etcd/server/v3"],
-            cwd=src,
-            env={**env, "CGO_ENABLED": "0"},
-            log=logs / f"etcd-{ETCD_VERSION}-build.log",
-            progress=progress,
-            verbose=verbose,
-        )
-
-    _build_into(_kubernetes_bin_dir(root), KUBERNETES_COMMANDS, build_kubernetes)
-    _build_into(_etcd_bin_dir(root), ("etcd",), build_etcd)
+    _build_peers(root, CONTROL_PLANE, "the testbed's etcd and Kubernetes binaries from source", progress, verbose)
     missing = binaries.missing()
     if missing:  # pragma: no cover - _build_into already checks each directory
         raise BuildError(f"build finished but binaries are missing: {', '.join(map(str, missing))}")
@@ -448,71 +624,27 @@ def build(
     return binaries
 
 
-# --- helm (chart tests) --------------------------------------------------------------------------
-
-HELM_VERSION = "v3.21.4"
-
-
-def _helm_bin_dir(root: Path) -> Path:
-    return root / "bin" / f"helm-{HELM_VERSION}"
-
-
-def helm_wrapper_files() -> dict[str, str]:
-    go_mod = f"module otel-dra-peers/helm\n\ngo 1.24.0\n\nrequire helm.sh/helm/v3 {HELM_VERSION}\n"
-    tools_go = '//go:build tools\npackage tools\nimport _ "helm.sh/helm/v3/cmd/helm"\n'
-    return {"go.mod": go_mod, "tools.go": tools_go}
+def build_helm(cache_root: Path | None = None, progress: Progress = _to_stderr, *, verbose: bool = False) -> Path:
+    """Build the real Helm CLI (for the chart tests) unless it already exists."""
+    return build_peer(HELM, cache_root, progress, verbose=verbose) / "helm"
 
 
 def find_helm(cache_root: Path | None = None) -> Path:
-    path = _helm_bin_dir(_resolve_root(cache_root)) / "helm"
-    if not _is_executable(path):
-        raise BinariesMissingError(f"helm is not built yet ({path}); run `otel-dra testbed build --helm`")
-    return path
+    return _require_built(HELM.bin_dir(_resolve_root(cache_root)) / "helm", HELM.title, "helm")
 
 
-def build_helm(
-    cache_root: Path | None = None,
-    progress: Callable[[str], None] = _print_progress,
-    *,
-    verbose: bool = False,
-) -> Path:
-    """Build the real Helm CLI (for the chart tests) unless it already exists.
+def build_ocb(cache_root: Path | None = None, progress: Progress = _to_stderr, *, verbose: bool = False) -> Path:
+    """Build the OpenTelemetry Collector Builder unless it already exists."""
+    return build_peer(OCB, cache_root, progress, verbose=verbose) / "ocb"
 
-    A module build has no release ldflags, so helm assumes an old Kubernetes version: callers
-    pass ``--kube-version`` to ``template``/``lint``.
-    """
-    root = _resolve_root(cache_root)
-    target = _helm_bin_dir(root) / "helm"
-    if _is_executable(target):
-        return target
-    if shutil.which("go") is None:
-        raise BuildError("the `go` tool is not on PATH: install Go (1.24 or newer) to build helm")
-    env = go_environment(root)
 
-    def run_build(out_dir: Path) -> None:
-        src = _ensure_wrapper(
-            root, f"helm-{HELM_VERSION}", helm_wrapper_files(), env=env, progress=progress, verbose=verbose
-        )
-        _run_step(
-            f"helm-{HELM_VERSION}: go build helm",
-            [
-                "go",
-                "build",
-                "-ldflags",
-                f"-s -w -X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",
-                "-o",
-                str(out_dir / "helm"),
-                "helm.sh/helm/v3/cmd/helm",
-            ],
-            cwd=src,
-            env={**env, "CGO_ENABLED": "0"},
-            log=root / "logs" / f"helm-{HELM_VERSION}-build.log",
-            progress=progress,
-            verbose=verbose,
-        )
+def build_jaeger(cache_root: Path | None = None, progress: Progress = _to_stderr, *, verbose: bool = False) -> Path:
+    """Build Jaeger v2 (``cmd/jaeger``, memory storage and the query API) unless it already exists."""
+    return build_peer(JAEGER, cache_root, progress, verbose=verbose) / "jaeger"
 
-    _build_into(_helm_bin_dir(root), ("helm",), run_build)
-    return target
+
+def find_jaeger(cache_root: Path | None = None) -> Path:
+    return _require_built(JAEGER.bin_dir(_resolve_root(cache_root)) / "jaeger", JAEGER.title, "jaeger")
 
 
 # --- prometheus-operator CRDs (chart tests) --------------------------------------------------------
@@ -550,21 +682,7 @@ def prometheus_operator_crds(cache_root: Path | None = None) -> list[Path]:
     return paths
 
 
-# --- OpenTelemetry Collector (built with the Collector Builder) and Jaeger (e2e tests) ----------
-
-# The Collector Builder (ocb) release and the component releases it assembles. Every component must
-# come from one Collector release: core v0.165.0 pairs with the stable core modules v1.71.0 and with
-# contrib v0.165.1. contrib's k8sattributesprocessor is versioned 1.x since it went stable (see
-# OTELCOL_REPLACES for why it is one release behind).
-OCB_VERSION = "v0.165.0"
-OTELCOL_CORE_VERSION = "v0.165.0"
-OTELCOL_STABLE_VERSION = "v1.71.0"
-OTELCOL_CONTRIB_VERSION = "v0.165.1"
-K8SATTRIBUTES_VERSION = "v1.3.1"
-OTELCOL_NAME = "otelcol-dra"
-
-_CORE = "go.opentelemetry.io/collector"
-_CONTRIB = "github.com/open-telemetry/opentelemetry-collector-contrib"
+# --- OpenTelemetry Collector (built with the Collector Builder, for the e2e tests) ------------
 
 # One distribution for the gateway and the agent configs (collector-config/): a second binary would
 # double the build time for a handful of packages. Not included, and why:
@@ -599,11 +717,6 @@ OTELCOL_COMPONENTS: Mapping[str, tuple[str, ...]] = {
 # replaces it. Its tests' semconvtest module is not served at any version, hence `go mod tidy -e`.
 OTELCOL_REPLACES = (f"{_CONTRIB}/internal/kubelet => {_CONTRIB}/internal/kubelet {OTELCOL_CONTRIB_VERSION}",)
 
-# Jaeger v2 (a Collector distribution itself): tag v1.76.0 carries the v2.13.0 code. Its go.mod
-# replaces sarama; replace lines of a dependency do not apply, so the wrapper repeats it.
-JAEGER_VERSION = "v1.76.0"
-JAEGER_REPLACES = ("github.com/Shopify/sarama => github.com/Shopify/sarama v1.33.0",)
-
 
 def otelcol_manifest(output_path: Path) -> str:
     """The Collector Builder manifest of the project's distribution (YAML text)."""
@@ -636,92 +749,21 @@ def _otelcol_bin_dir(root: Path) -> Path:
     return root / "bin" / _otelcol_key()
 
 
-def _ocb_bin_dir(root: Path) -> Path:
-    return root / "bin" / f"ocb-{OCB_VERSION}"
-
-
-def _jaeger_bin_dir(root: Path) -> Path:
-    return root / "bin" / f"jaeger-{JAEGER_VERSION}"
-
-
-def ocb_wrapper_files() -> dict[str, str]:
-    go_mod = f"module otel-dra-peers/ocb\n\ngo 1.24.0\n\nrequire {_CORE}/cmd/builder {OCB_VERSION}\n"
-    tools_go = f'//go:build tools\npackage tools\nimport _ "{_CORE}/cmd/builder"\n'
-    return {"go.mod": go_mod, "tools.go": tools_go}
-
-
-def jaeger_wrapper_files() -> dict[str, str]:
-    replaces = "".join(f"replace {line}\n" for line in JAEGER_REPLACES)
-    go_mod = (
-        f"module otel-dra-peers/jaeger\n\ngo 1.24.0\n\nrequire github.com/jaegertracing/jaeger {JAEGER_VERSION}\n\n"
-        + replaces
-    )
-    tools_go = '//go:build tools\npackage tools\nimport _ "github.com/jaegertracing/jaeger/cmd/jaeger"\n'
-    return {"go.mod": go_mod, "tools.go": tools_go}
-
-
 def find_otelcol(cache_root: Path | None = None) -> Path:
     path = _otelcol_bin_dir(_resolve_root(cache_root)) / OTELCOL_NAME
-    if not _is_executable(path):
-        raise BinariesMissingError(
-            f"the OpenTelemetry Collector is not built yet ({path}); run `otel-dra testbed build --otelcol`"
-        )
-    return path
-
-
-def find_jaeger(cache_root: Path | None = None) -> Path:
-    path = _jaeger_bin_dir(_resolve_root(cache_root)) / "jaeger"
-    if not _is_executable(path):
-        raise BinariesMissingError(f"Jaeger is not built yet ({path}); run `otel-dra testbed build --jaeger`")
-    return path
-
-
-def _require_go(what: str) -> None:
-    if shutil.which("go") is None:
-        raise BuildError(f"the `go` tool is not on PATH: install Go (1.26 or newer) to build {what}")
-
-
-def build_ocb(
-    cache_root: Path | None = None,
-    progress: Callable[[str], None] = _print_progress,
-    *,
-    verbose: bool = False,
-) -> Path:
-    """Build the OpenTelemetry Collector Builder unless it already exists."""
-    root = _resolve_root(cache_root)
-    target = _ocb_bin_dir(root) / "ocb"
-    if _is_executable(target):
-        return target
-    _require_go("the OpenTelemetry Collector Builder")
-    env = go_environment(root)
-
-    def run_build(out_dir: Path) -> None:
-        src = _ensure_wrapper(
-            root, f"ocb-{OCB_VERSION}", ocb_wrapper_files(), env=env, progress=progress, verbose=verbose
-        )
-        _run_step(
-            f"ocb-{OCB_VERSION}: go build builder",
-            ["go", "build", "-ldflags", "-s -w", "-o", str(out_dir / "ocb"), f"{_CORE}/cmd/builder"],
-            cwd=src,
-            env={**env, "CGO_ENABLED": "0"},
-            log=root / "logs" / f"ocb-{OCB_VERSION}-build.log",
-            progress=progress,
-            verbose=verbose,
-        )
-
-    _build_into(_ocb_bin_dir(root), ("ocb",), run_build)
-    return target
+    return _require_built(path, OTELCOL_TITLE, "otelcol")
 
 
 def build_otelcol(
     cache_root: Path | None = None,
-    progress: Callable[[str], None] = _print_progress,
+    progress: Progress = _to_stderr,
     *,
     verbose: bool = False,
 ) -> Path:
     """Build the project's Collector distribution with ocb unless it already exists.
 
-    ocb generates the distribution's Go sources under ``<cache>/src/<key>``, runs ``go mod tidy`` and
+    Not a row of the peer table: there is no module to wrap, ocb (a row) generates one from the
+    manifest. ocb generates the distribution's Go sources under ``<cache>/src/<key>``, runs ``go mod tidy`` and
     ``go build`` there (with our GOMODCACHE/GOCACHE/GOTOOLCHAIN, which it passes through), and the
     binary is moved into ``<cache>/bin/<key>/`` only once it exists.
     """
@@ -730,7 +772,7 @@ def build_otelcol(
     target = _otelcol_bin_dir(root) / OTELCOL_NAME
     if _is_executable(target):
         return target
-    _require_go("the OpenTelemetry Collector")
+    _require_go(OTELCOL_TITLE, OCB.min_go)
     ocb = build_ocb(root, progress, verbose=verbose)
     env = go_environment(root)
 
@@ -759,45 +801,4 @@ def build_otelcol(
         shutil.move(str(built), out_dir / OTELCOL_NAME)
 
     _build_into(_otelcol_bin_dir(root), (OTELCOL_NAME,), run_build)
-    return target
-
-
-def build_jaeger(
-    cache_root: Path | None = None,
-    progress: Callable[[str], None] = _print_progress,
-    *,
-    verbose: bool = False,
-) -> Path:
-    """Build Jaeger v2 (``cmd/jaeger``, memory storage and the query API) unless it already exists."""
-    root = _resolve_root(cache_root)
-    target = _jaeger_bin_dir(root) / "jaeger"
-    if _is_executable(target):
-        return target
-    _require_go("Jaeger")
-    env = go_environment(root)
-
-    def run_build(out_dir: Path) -> None:
-        src = _ensure_wrapper(
-            root, f"jaeger-{JAEGER_VERSION}", jaeger_wrapper_files(), env=env, progress=progress, verbose=verbose
-        )
-        _run_step(
-            f"jaeger-{JAEGER_VERSION}: go build cmd/jaeger",
-            [
-                "go",
-                "build",
-                "-trimpath",
-                "-ldflags",
-                "-s -w",
-                "-o",
-                str(out_dir / "jaeger"),
-                "github.com/jaegertracing/jaeger/cmd/jaeger",
-            ],
-            cwd=src,
-            env={**env, "CGO_ENABLED": "0"},
-            log=root / "logs" / f"jaeger-{JAEGER_VERSION}-build.log",
-            progress=progress,
-            verbose=verbose,
-        )
-
-    _build_into(_jaeger_bin_dir(root), ("jaeger",), run_build)
     return target
