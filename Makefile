@@ -45,6 +45,16 @@ golden: install
 test: lint peers
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+# The integration tests on every supported Kubernetes minor, one after the other (each minor's
+# control plane is built once into the cache: about 15 minutes each on 2 cores).
+KUBERNETES_MINORS ?= 1.34 1.35 1.36 1.37
+test-versions: peers
+	@set -e; for minor in $(KUBERNETES_MINORS); do \
+		echo "=== Kubernetes $$minor"; \
+		$(BIN)/otel-dra testbed build --kubernetes-version $$minor; \
+		OTEL_DRA_KUBERNETES_VERSION=$$minor $(BIN)/pytest -m testbed $(PYTEST_ARGS); \
+	done
+
 # The demo: a local control plane, simulated GPU nodes running the instrumented plugin, the kubelet
 # emulator, a cycling workload, and the exporter on :8080 (plugins' metrics on :8081, :8082).
 # Needs only etcd and the Kubernetes binaries, which the command builds itself when missing (not the

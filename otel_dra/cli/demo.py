@@ -32,6 +32,7 @@ from otel_dra.cli.exporter import start_exporter
 from otel_dra.cli.flags import add_flag, add_logging_flags, int_in
 from otel_dra.cli.kubelet_sim import kubelet_tracer
 from otel_dra.cli.lifecycle import stop_on_signals
+from otel_dra.cli.testbed import add_kubernetes_version_flag
 from otel_dra.kube.client import ApiError, KubeClient
 
 log = logging.getLogger("otel_dra.demo")
@@ -200,6 +201,7 @@ def add_parser(sub: Any) -> None:
         type=int_in(1, 65000),
     )
     add_flag(p, "--address", "OTEL_DRA_ADDRESS", "exporter listen address", default="127.0.0.1")
+    add_kubernetes_version_flag(p)
     add_logging_flags(p)
     p.set_defaults(func=cmd_demo)
 
@@ -219,10 +221,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return 2
     stop = stop_on_signals()
-    binaries = find_or_build_binaries()
+    binaries = find_or_build_binaries(args.kubernetes_version)
     with tempfile.TemporaryDirectory(prefix="otel-dra-demo-") as tmp:
         directory = Path(args.dir) if args.dir else Path(tmp)
-        with running(directory / "testbed", scheduler=True, controller_manager=True, binaries=binaries) as testbed:
+        with running(
+            directory / "testbed",
+            scheduler=True,
+            controller_manager=True,
+            binaries=binaries,
+            kubernetes_version=args.kubernetes_version,
+        ) as testbed:
             kubeconfig = str(testbed.kubeconfig)
             client = KubeClient(load_credentials(kubeconfig), user_agent="otel-dra-demo")
             apply_all(client, demo_objects())

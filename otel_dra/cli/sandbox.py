@@ -17,6 +17,7 @@ from typing import Any
 from otel_dra.cli.exporter import start_exporter
 from otel_dra.cli.flags import add_flag, add_logging_flags, int_in
 from otel_dra.cli.lifecycle import stop_on_signals, wait_for
+from otel_dra.cli.testbed import add_kubernetes_version_flag
 
 log = logging.getLogger("otel_dra.sandbox")
 
@@ -30,6 +31,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--dir", default=None, help="testbed state directory (default: a temporary one)")
     add_flag(p, "--port", "OTEL_DRA_PORT", "exporter listen port", default=8080, type=int_in(0, 65535))
     add_flag(p, "--address", "OTEL_DRA_ADDRESS", "exporter listen address", default="127.0.0.1")
+    add_kubernetes_version_flag(p)
     add_logging_flags(p)
     p.set_defaults(func=cmd_sandbox)
 
@@ -40,10 +42,10 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     from otel_dra.testbed import find_or_build_binaries, running
 
     stop = stop_on_signals()
-    binaries = find_or_build_binaries()
+    binaries = find_or_build_binaries(args.kubernetes_version)
     with tempfile.TemporaryDirectory(prefix="otel-dra-sandbox-") as tmp:
         directory = Path(args.dir) if args.dir else Path(tmp)
-        with running(directory, binaries=binaries) as testbed:
+        with running(directory, binaries=binaries, kubernetes_version=args.kubernetes_version) as testbed:
             kubeconfig = str(testbed.kubeconfig)
             apply_all(KubeClient(load_credentials(kubeconfig)), sample_objects())
             try:

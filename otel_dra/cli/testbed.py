@@ -8,8 +8,40 @@ import time
 from pathlib import Path
 from typing import Any
 
-from otel_dra.testbed.build import BuildError, build
+from otel_dra.cli.flags import add_flag
+from otel_dra.testbed.build import (
+    DEFAULT_KUBERNETES_MINOR,
+    KUBERNETES_RELEASES,
+    KUBERNETES_VERSION_ENV,
+    BuildError,
+    KubernetesRelease,
+    build,
+    kubernetes_release,
+)
 from otel_dra.testbed.controlplane import TestbedError, down, up
+
+
+def kubernetes_version(text: str) -> KubernetesRelease:
+    """argparse type: a supported Kubernetes minor ("1.37") or version ("v1.37.2")."""
+    try:
+        return kubernetes_release(text)
+    except BuildError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_kubernetes_version_flag(parser: argparse.ArgumentParser) -> None:
+    """``--kubernetes-version``: which release the local control plane is built from and runs."""
+    add_flag(
+        parser,
+        "--kubernetes-version",
+        KUBERNETES_VERSION_ENV,
+        f"Kubernetes minor or version of the local control plane: "
+        f"{', '.join(r.minor for r in KUBERNETES_RELEASES)} (default {DEFAULT_KUBERNETES_MINOR}, "
+        f"the newest patch of each)",
+        default=kubernetes_release(DEFAULT_KUBERNETES_MINOR),
+        type=kubernetes_version,
+        metavar="VERSION",
+    )
 
 
 def add_parser(subparsers: Any) -> None:
@@ -38,6 +70,7 @@ def add_parser(subparsers: Any) -> None:
     )
     p_build.add_argument("--jaeger", action="store_true", help="also build Jaeger v2 (trace e2e tests)")
     p_build.add_argument("--all", action="store_true", help="build every peer (--helm --otelcol --jaeger)")
+    add_kubernetes_version_flag(p_build)
     p_build.set_defaults(func=cmd_build)
 
     p_up = commands.add_parser(
@@ -59,6 +92,7 @@ def add_parser(subparsers: Any) -> None:
         default=120.0,
         help="seconds to wait for each component (default: %(default)s)",
     )
+    add_kubernetes_version_flag(p_up)
     p_up.set_defaults(func=cmd_up)
 
     p_down = commands.add_parser(
@@ -80,7 +114,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     extras: list[Path] = []
     started = time.monotonic()
     try:
-        binaries = build(args.cache, verbose=args.verbose)
+        binaries = build(args.cache, verbose=args.verbose, version=args.kubernetes_version)
         if args.helm or args.all:
             extras.append(build_helm(args.cache, verbose=args.verbose))
         if args.otelcol or args.all:
@@ -103,6 +137,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             scheduler=args.scheduler,
             controller_manager=args.controller_manager,
             timeout=args.timeout,
+            kubernetes_version=args.kubernetes_version,
         )
     except (BuildError, TestbedError) as exc:
         return _error(str(exc))

@@ -33,8 +33,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-KUBERNETES_VERSION = "v1.34.4"
-ETCD_VERSION = "v3.6.16"
 HELM_VERSION = "v3.21.4"
 
 # k8s.io/kubernetes requires its staging modules at v0.0.0 and relies on replace lines in its own
@@ -74,7 +72,60 @@ KUBERNETES_STAGING_MODULES = (
     "sample-controller",
 )
 
+# 1.36 added two staging modules.
+_STAGING_SINCE_1_36 = tuple(sorted((*KUBERNETES_STAGING_MODULES, "cri-streaming", "streaming")))
+
 KUBERNETES_COMMANDS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl")
+
+
+@dataclass(frozen=True)
+class KubernetesRelease:
+    """A Kubernetes minor the testbed can run: its newest patch on the Go module proxy, the etcd it
+    is tested with (``hack/lib/etcd.sh`` of its tree, at the newest patch of that etcd line), and
+    what of its own go.mod the wrapper module must repeat (godebug defaults, staging modules)."""
+
+    version: str
+    etcd: str
+    godebug: str
+    staging: tuple[str, ...]
+
+    @property
+    def minor(self) -> str:
+        return ".".join(self.version.removeprefix("v").split(".")[:2])
+
+
+# Supported: 1.34 up to the newest minor the module proxy serves. A new minor is one row.
+KUBERNETES_RELEASES: tuple[KubernetesRelease, ...] = (
+    KubernetesRelease("v1.34.4", etcd="v3.6.16", godebug="default=go1.24", staging=KUBERNETES_STAGING_MODULES),
+    KubernetesRelease("v1.35.4", etcd="v3.6.16", godebug="default=go1.25", staging=KUBERNETES_STAGING_MODULES),
+    KubernetesRelease("v1.36.3", etcd="v3.6.16", godebug="default=go1.26", staging=_STAGING_SINCE_1_36),
+    KubernetesRelease("v1.37.2", etcd="v3.7.3", godebug="default=go1.26", staging=_STAGING_SINCE_1_36),
+)
+# What `testbed build|up`, the demo, the sandbox, the benchmarks and the tests use unless told
+# otherwise (a flag, or this environment variable): "1.37", "v1.37" or "v1.37.2".
+KUBERNETES_VERSION_ENV = "OTEL_DRA_KUBERNETES_VERSION"
+DEFAULT_KUBERNETES_MINOR = "1.34"
+
+
+def kubernetes_release(spec: str | KubernetesRelease | None = None) -> KubernetesRelease:
+    """The release for ``spec`` (a minor such as "1.37", or a full version "v1.37.2"); None: the
+    environment's OTEL_DRA_KUBERNETES_VERSION, else the default minor."""
+    if isinstance(spec, KubernetesRelease):
+        return spec
+    text = (spec if spec is not None else os.environ.get(KUBERNETES_VERSION_ENV) or DEFAULT_KUBERNETES_MINOR).strip()
+    wanted = text.removeprefix("v")
+    for release in KUBERNETES_RELEASES:
+        if wanted in (release.minor, release.version.removeprefix("v")):
+            return release
+    served = ", ".join(release.minor for release in KUBERNETES_RELEASES)
+    source = f"{KUBERNETES_VERSION_ENV}={text!r}" if spec is None else repr(text)
+    raise BuildError(f"Kubernetes version {source} is not one the testbed builds (one of {served}, or their patch)")
+
+
+_DEFAULT_RELEASE = kubernetes_release(DEFAULT_KUBERNETES_MINOR)
+# The default release's versions (what a plain `otel-dra testbed build` builds).
+KUBERNETES_VERSION = _DEFAULT_RELEASE.version
+ETCD_VERSION = _DEFAULT_RELEASE.etcd
 
 # The Collector Builder (ocb) release and the component releases it assembles. Every component must
 # come from one Collector release: core v0.165.0 pairs with the stable core modules v1.71.0 and with
@@ -187,13 +238,11 @@ class GoPeer:
 
 
 def kubernetes_staging_replaces(peer: GoPeer) -> tuple[str, ...]:
-    """k8s.io/<staging> => the v0.<minor>.<patch> release of each of KUBERNETES_STAGING_MODULES.
-
-    The list is that of the 1.34 tree; a replace of a module the build does not need is ignored, so
-    it serves newer versions until one adds a staging module.
-    """
+    """k8s.io/<staging> => the v0.<minor>.<patch> release, for each staging module of the row's
+    release (KUBERNETES_RELEASES)."""
     staging_version = "v0." + peer.version.removeprefix("v1.")
-    return tuple(f"k8s.io/{name} => k8s.io/{name} {staging_version}" for name in KUBERNETES_STAGING_MODULES)
+    staging = kubernetes_release(peer.version).staging
+    return tuple(f"k8s.io/{name} => k8s.io/{name} {staging_version}" for name in staging)
 
 
 def kubernetes_version_ldflags(peer: GoPeer) -> str:
@@ -230,9 +279,9 @@ KUBERNETES = GoPeer(
     "kubernetes", KUBERNETES_VERSION, "k8s.io/kubernetes",
     packages=tuple(f"k8s.io/kubernetes/cmd/{name}" for name in KUBERNETES_COMMANDS),
     imports=kubernetes_tools_imports, ldflags=kubernetes_version_ldflags, replaces=kubernetes_staging_replaces,
-    # Copied from k8s.io/kubernetes' own go.mod: the main module's godebug settings decide runtime
-    # behaviour, and Kubernetes is tested with these defaults.
-    godebug="default=go1.24",
+    # Copied from k8s.io/kubernetes' own go.mod (per release, see control_plane): the main module's
+    # godebug settings decide runtime behaviour, and Kubernetes is tested with these defaults.
+    godebug=_DEFAULT_RELEASE.godebug,
     # The control plane has always been built with the environment's cgo setting; forcing it either
     # way would make a fresh machine's binaries differ from the cached ones.
     cgo=None, title="Kubernetes",
@@ -256,6 +305,16 @@ JAEGER = GoPeer(
 PEERS: tuple[GoPeer, ...] = (ETCD, KUBERNETES, HELM, OCB, JAEGER)
 # What `build` builds and `Binaries` points at, in build order.
 CONTROL_PLANE: tuple[GoPeer, ...] = (KUBERNETES, ETCD)
+
+
+def control_plane(release: str | KubernetesRelease | None = None) -> tuple[GoPeer, ...]:
+    """The control-plane rows (Kubernetes, etcd) of a release (see :func:`kubernetes_release`)."""
+    chosen = kubernetes_release(release)
+    kubernetes, etcd = CONTROL_PLANE
+    return (
+        dataclasses.replace(kubernetes, version=chosen.version, godebug=chosen.godebug),
+        dataclasses.replace(etcd, version=chosen.etcd),
+    )
 
 
 @dataclass(frozen=True)
@@ -298,34 +357,37 @@ def _resolve_root(cache_root: Path | None) -> Path:
     return (cache_root if cache_root is not None else default_cache_root()).expanduser().resolve()
 
 
-def expected_binaries(cache_root: Path | None = None) -> Binaries:
-    """Where the binaries of the pinned versions live under the cache root (built or not)."""
+def expected_binaries(cache_root: Path | None = None, version: str | KubernetesRelease | None = None) -> Binaries:
+    """Where the binaries of a release (default: :func:`kubernetes_release`'s) live under the cache
+    root, built or not."""
     root = _resolve_root(cache_root)
     return Binaries.from_dict(
-        {name: str(peer.bin_dir(root) / name) for peer in CONTROL_PLANE for name in peer.binaries}
+        {name: str(peer.bin_dir(root) / name) for peer in control_plane(version) for name in peer.binaries}
     )
 
 
-def find_binaries(cache_root: Path | None = None) -> Binaries:
+def find_binaries(cache_root: Path | None = None, version: str | KubernetesRelease | None = None) -> Binaries:
     """Return the built binaries, or raise :class:`BinariesMissingError` saying how to build them."""
-    binaries = expected_binaries(cache_root)
+    release = kubernetes_release(version)
+    binaries = expected_binaries(cache_root, release)
     missing = binaries.missing()
     if missing:
         listed = ", ".join(str(path) for path in missing)
+        flag = "" if release.minor == DEFAULT_KUBERNETES_MINOR else f" --kubernetes-version {release.minor}"
         raise BinariesMissingError(
             f"testbed binaries are not built yet (missing: {listed}); "
-            "run `otel-dra testbed build` first (takes a while the first time)"
+            f"run `otel-dra testbed build{flag}` first (takes a while the first time)"
         )
     return binaries
 
 
-def find_or_build_binaries() -> Binaries:
+def find_or_build_binaries(version: str | KubernetesRelease | None = None) -> Binaries:
     """The built binaries, building them first when missing (several minutes, once)."""
     try:
-        return find_binaries()
+        return find_binaries(version=version)
     except BinariesMissingError:
         _to_stderr("building the testbed binaries first (one time, several minutes)")
-        return build()
+        return build(version=version)
 
 
 def _is_executable(path: Path) -> bool:
@@ -603,20 +665,23 @@ def build(
     progress: Progress = _to_stderr,
     *,
     verbose: bool = False,
+    version: str | KubernetesRelease | None = None,
 ) -> Binaries:
-    """Build etcd and the Kubernetes control plane binaries unless they already exist.
+    """Build etcd and the Kubernetes control plane binaries of a release (default: see
+    :func:`kubernetes_release`) unless they already exist.
 
     The first run downloads modules and compiles for a long time (tens of minutes on 2 cores); later
     runs return immediately. ``progress`` receives human-readable status lines; with ``verbose`` it
     also receives go's output as it happens.
     """
     root = _resolve_root(cache_root)
-    binaries = expected_binaries(root)
+    peers = control_plane(version)
+    binaries = expected_binaries(root, version)
     # The rows, not `Binaries`: a binary added to a row is built even before the testbed runs it.
-    if _all_built(root, CONTROL_PLANE):
+    if _all_built(root, peers):
         progress(f"testbed binaries already built under {root / 'bin'}")
         return binaries
-    _build_peers(root, CONTROL_PLANE, "the testbed's etcd and Kubernetes binaries from source", progress, verbose)
+    _build_peers(root, peers, "the testbed's etcd and Kubernetes binaries from source", progress, verbose)
     missing = binaries.missing()
     if missing:  # pragma: no cover - _build_into already checks each directory
         raise BuildError(f"build finished but binaries are missing: {', '.join(map(str, missing))}")

@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from otel_dra.testbed.build import Binaries, find_binaries
+from otel_dra.testbed.build import Binaries, KubernetesRelease, find_binaries, kubernetes_release
 
 ETCD = "etcd"
 APISERVER = "kube-apiserver"
@@ -57,6 +57,43 @@ DEFAULT_FEATURE_GATES: Mapping[str, bool] = {
 }
 # The alpha API version that serves DeviceTaintRules in Kubernetes 1.34.
 DEVICE_TAINT_RULE_API = "resource.k8s.io/v1alpha3"
+
+
+@dataclass(frozen=True)
+class ReleaseSettings:
+    """What a Kubernetes minor needs switched on for the DRA features the tests use.
+
+    ``feature_gates`` lists only gates that are off by default in that minor (a GA gate locked on
+    is refused when set to false and warned about when set at all). ``taint_rule_api`` is the API
+    version that serves DeviceTaintRules where it must be enabled with --runtime-config (None: served
+    by default): with ``taint_rule_gate`` on, kube-scheduler waits for a DeviceTaintRule informer to
+    sync, which never happens unless the API server serves them.
+    """
+
+    feature_gates: Mapping[str, bool]
+    taint_rule_api: str | None = None
+    taint_rule_gate: str = ""
+
+
+# Gate states per minor are those of pkg/features/kube_features.go of each release.
+RELEASE_SETTINGS: Mapping[str, ReleaseSettings] = {
+    "1.34": ReleaseSettings(DEFAULT_FEATURE_GATES, DEVICE_TAINT_RULE_API, "DRADeviceTaints"),
+    # 1.35 split DRADeviceTaintRules (alpha) out of DRADeviceTaints.
+    "1.35": ReleaseSettings(
+        {**DEFAULT_FEATURE_GATES, "DRADeviceTaintRules": True}, DEVICE_TAINT_RULE_API, "DRADeviceTaintRules"
+    ),
+    # 1.36: the other DRA gates are beta and on; DeviceTaintRules are beta, off, served by v1beta2.
+    "1.36": ReleaseSettings({"DRADeviceTaintRules": True}, "resource.k8s.io/v1beta2", "DRADeviceTaintRules"),
+    # 1.37: device taints and DeviceTaintRules are GA (v1), the rest beta and on.
+    "1.37": ReleaseSettings({}),
+}
+
+
+def release_settings(version: str | KubernetesRelease | None = None) -> ReleaseSettings:
+    """The settings of a release (default: the testbed's Kubernetes version, see kubernetes_release)."""
+    return RELEASE_SETTINGS[kubernetes_release(version).minor]
+
+
 ADMIN_USER = "otel-dra-admin"
 _STATE_VERSION = 1
 _POLL_SECONDS = 0.1
@@ -314,16 +351,23 @@ def up(
     controller_manager: bool = False,
     binaries: Binaries | None = None,
     timeout: float = 120,
-    feature_gates: Mapping[str, bool] = DEFAULT_FEATURE_GATES,
+    feature_gates: Mapping[str, bool] | None = None,
     apiserver_args: Sequence[str] = (),
+    kubernetes_version: str | KubernetesRelease | None = None,
 ) -> Testbed:
     """Start a control plane with its state under ``dir`` and return once every part is ready.
 
     ``timeout`` bounds the wait for each component. On any failure, whatever was started is stopped
     again and :class:`TestbedError` carries the tail of the failing component's log.
     ``feature_gates`` go to every component (they must agree, e.g. on which fields the scheduler may
-    allocate from); ``apiserver_args`` are extra kube-apiserver flags.
+    allocate from; default: those of the release, RELEASE_SETTINGS); ``apiserver_args`` are extra
+    kube-apiserver flags. ``kubernetes_version`` picks the release (default: kubernetes_release()),
+    which must be the one ``binaries`` were built from.
     """
+    release = kubernetes_release(kubernetes_version)
+    settings = release_settings(release)
+    if feature_gates is None:
+        feature_gates = settings.feature_gates
     dir = dir.expanduser().resolve()
     dir.mkdir(parents=True, exist_ok=True)
     if (dir / "state.json").exists():
@@ -331,7 +375,7 @@ def up(
         if any(_process_alive(pid, existing.components[n].get("start_time")) for n, pid in existing.pids.items()):
             raise TestbedError(f"a testbed is already running in {dir}; run `otel-dra testbed down` first")
         existing.down()
-    binaries = binaries or find_binaries()
+    binaries = binaries or find_binaries(version=release)
     if shutil.which("openssl") is None:
         raise TestbedError("the `openssl` command is needed to create the testbed's certificates")
 
@@ -351,10 +395,13 @@ def up(
     server = f"https://127.0.0.1:{ports['apiserver']}"
     gate_list = ",".join(f"{name}={str(on).lower()}" for name, on in sorted(feature_gates.items()))
     gates = [f"--feature-gates={gate_list}"] if gate_list else []
-    if scheduler and feature_gates.get("DRADeviceTaints") and not any("--runtime-config" in a for a in apiserver_args):
-        # With DRADeviceTaints the scheduler waits for a DeviceTaintRule informer to sync, which
-        # never happens unless the API server serves them.
-        apiserver_args = [*apiserver_args, f"--runtime-config={DEVICE_TAINT_RULE_API}=true"]
+    if (
+        scheduler
+        and settings.taint_rule_api
+        and feature_gates.get(settings.taint_rule_gate)
+        and not any("--runtime-config" in a for a in apiserver_args)
+    ):
+        apiserver_args = [*apiserver_args, f"--runtime-config={settings.taint_rule_api}=true"]
     testbed = Testbed(
         dir=dir,
         kubeconfig=dir / "kubeconfig",
@@ -482,8 +529,9 @@ def running(
     controller_manager: bool = False,
     binaries: Binaries | None = None,
     timeout: float = 120,
-    feature_gates: Mapping[str, bool] = DEFAULT_FEATURE_GATES,
+    feature_gates: Mapping[str, bool] | None = None,
     apiserver_args: Sequence[str] = (),
+    kubernetes_version: str | KubernetesRelease | None = None,
 ) -> Iterator[Testbed]:
     """``up`` on entry and ``down`` on exit, for fixtures and scripts."""
     testbed = up(
@@ -494,6 +542,7 @@ def running(
         timeout=timeout,
         feature_gates=feature_gates,
         apiserver_args=apiserver_args,
+        kubernetes_version=kubernetes_version,
     )
     try:
         yield testbed
