@@ -17,6 +17,9 @@ from otel_dra.testbed import Binaries, BinariesMissingError, Testbed, build, fin
 from otel_dra.testbed.build import build_jaeger, build_otelcol, find_jaeger, find_otelcol
 from tests import peers
 
+# tests/thread_leaks.py: a test, or a wider-scoped fixture, that leaves a thread running fails.
+pytest_plugins = ["tests.thread_leaks"]
+
 # Fixtures that need binaries built by `otel-dra testbed build` (`make peers`): tests using them are
 # marked `testbed`, so `pytest -m "not testbed"` runs only what needs nothing built.
 TESTBED_FIXTURES = frozenset(

@@ -23,7 +23,9 @@ class OtlpReceiver:
         self.traces: list[trace_service_pb2.ExportTraceServiceRequest] = []
         self._lock = threading.Lock()
         self._grpc: grpc.Server | None = None
+        self._grpc_pool: futures.ThreadPoolExecutor | None = None
         self._http: ThreadingHTTPServer | None = None
+        self._http_thread: threading.Thread | None = None
         self.grpc_port = 0
         self.http_port = 0
 
@@ -43,7 +45,8 @@ class OtlpReceiver:
                     receiver.traces.append(request)
                 return trace_service_pb2.ExportTraceServiceResponse()
 
-        self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        self._grpc_pool = futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="otlp-receiver-grpc")
+        self._grpc = grpc.server(self._grpc_pool)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), self._grpc)
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), self._grpc)
         self.grpc_port = self._grpc.add_insecure_port("127.0.0.1:0")
@@ -82,15 +85,21 @@ class OtlpReceiver:
 
         self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.http_port = self._http.server_address[1]
-        threading.Thread(target=self._http.serve_forever, daemon=True).start()
+        self._http_thread = threading.Thread(target=self._http.serve_forever, name="otlp-receiver-http", daemon=True)
+        self._http_thread.start()
         return self
 
     def stop(self) -> None:
+        """Stop both servers and wait for their threads (the gRPC server leaves its pool running)."""
         if self._grpc is not None:
-            self._grpc.stop(0)
+            self._grpc.stop(0).wait(5)
+        if self._grpc_pool is not None:
+            self._grpc_pool.shutdown(wait=True, cancel_futures=True)
         if self._http is not None:
-            self._http.shutdown()
+            self._http.shutdown()  # HTTP/1.0: each request's thread ends with its response
             self._http.server_close()
+        if self._http_thread is not None:
+            self._http_thread.join(5)
 
     # --- reading --------------------------------------------------------------------------------
     def metric_points(self) -> dict[str, list[tuple[dict[str, str], float]]]:

@@ -119,6 +119,7 @@ class PodSync:
         self._failures: dict[str, int] = {}
         self._last_error: dict[str, str] = {}
         self._stop = threading.Event()
+        self._timers: set[threading.Timer] = set()  # retries waiting (cancelled by stop)
         self._reflectors = [
             Reflector(client, PODS, _NodePods(self, node), field_selector=f"spec.nodeName={node}")
             for node in self.watchers
@@ -145,6 +146,12 @@ class PodSync:
             self._queue.put(None)
         for worker in self._workers:
             worker.join(timeout=self.rpc_timeout + 5)
+        with self._lock:
+            timers, self._timers = self._timers, set()
+        for timer in timers:
+            timer.cancel()
+        for timer in timers:
+            timer.join(timeout=1)
 
     def synced(self) -> bool:
         return all(r.state().synced for r in self._reflectors)
@@ -185,8 +192,14 @@ class PodSync:
             self._failures[uid] = n
         delay = min(0.2 * 2 ** (n - 1), 10.0)
         timer = threading.Timer(delay, self._enqueue, (uid,))
-        timer.daemon = True
-        timer.start()
+        timer.daemon, timer.name = True, f"kubelet-sim-retry-{uid}"
+        with self._lock:
+            if self._stop.is_set():
+                return
+            # Started under the lock, so that stop() joins only started timers.
+            self._timers = {t for t in self._timers if not t.finished.is_set()}
+            self._timers.add(timer)
+            timer.start()
 
     def _work(self) -> None:
         while True:

@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
@@ -202,6 +203,24 @@ class _RegistrationServicer:
         return reg_pb2.RegistrationStatusResponse()
 
 
+class _GrpcServer:
+    """A grpc.Server and the thread pool it runs handlers on, stopped together: ``grpc.Server.stop``
+    leaves the pool's threads waiting for work until the process exits."""
+
+    def __init__(self, max_workers: int, thread_name_prefix: str) -> None:
+        self.pool = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
+        self.server = grpc.server(self.pool)
+
+    def stop(self, grace: float) -> None:
+        """In-flight RPCs get ``grace`` seconds; waits at most ``grace + 2`` seconds in all."""
+        deadline = time.monotonic() + grace + 2
+        self.server.stop(grace).wait(grace + 1)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        # shutdown(wait=True) would wait without a bound for a handler that never returns.
+        for thread in list(self.pool._threads):
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
 class PluginServer:
     """Owns the plugin's sockets: lock, stale-socket cleanup, both gRPC servers."""
 
@@ -226,8 +245,8 @@ class PluginServer:
         self._lock = SocketLock(self.plugin_dir / "plugin.lock")
         self._tracer = tracer_provider.get_tracer(TRACER_SCOPE, __version__)
         self._max_workers = max_workers
-        self._dra_server: grpc.Server | None = None
-        self._reg_server: grpc.Server | None = None
+        self._dra_server: _GrpcServer | None = None
+        self._reg_server: _GrpcServer | None = None
         self.registered = threading.Event()
         self.registration_error = ""
 
@@ -255,19 +274,21 @@ class PluginServer:
         try:
             self._clear_stale(self.dra_socket)
             self._clear_stale(self.registration_socket)
-            dra = grpc.server(futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="dra-grpc"))
-            dra_v1_grpc.add_DRAPluginServicer_to_server(_DraServicer(dra_v1, self.driver, self._tracer), dra)
-            dra_v1beta1_grpc.add_DRAPluginServicer_to_server(_DraServicer(dra_v1beta1, self.driver, self._tracer), dra)
-            self._bind(dra, self.dra_socket)
-            dra.start()
+            dra = _GrpcServer(self._max_workers, "dra-grpc")
+            dra_v1_grpc.add_DRAPluginServicer_to_server(_DraServicer(dra_v1, self.driver, self._tracer), dra.server)
+            dra_v1beta1_grpc.add_DRAPluginServicer_to_server(
+                _DraServicer(dra_v1beta1, self.driver, self._tracer), dra.server
+            )
+            self._bind(dra.server, self.dra_socket)
+            dra.server.start()
             self._dra_server = dra
             # Registration last: when the kubelet finds the registration socket, dra.sock serves.
-            reg = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="reg-grpc"))
+            reg = _GrpcServer(2, "reg-grpc")
             reg_grpc.add_RegistrationServicer_to_server(
-                _RegistrationServicer(self.driver_name, self.dra_socket, self._on_registration), reg
+                _RegistrationServicer(self.driver_name, self.dra_socket, self._on_registration), reg.server
             )
-            self._bind(reg, self.registration_socket)
-            reg.start()
+            self._bind(reg.server, self.registration_socket)
+            reg.server.start()
             self._reg_server = reg
         except BaseException:
             self.stop()
@@ -285,9 +306,9 @@ class PluginServer:
     def stop(self, grace: float = 5.0) -> None:
         """Unregister first (the registration socket goes away), then stop serving claims."""
         for attr, path in (("_reg_server", self.registration_socket), ("_dra_server", self.dra_socket)):
-            server: grpc.Server | None = getattr(self, attr)
+            server: _GrpcServer | None = getattr(self, attr)
             if server is not None:
-                server.stop(grace).wait(grace + 1)
+                server.stop(grace)
                 setattr(self, attr, None)
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
@@ -332,7 +353,8 @@ class HealthServer:
 
     def __init__(self, plugin: PluginServer, port: int, address: str = "[::]", timeout: float = 5.0) -> None:
         self._servicer = _HealthServicer(plugin.driver_name, plugin.dra_socket, plugin.registration_socket, timeout)
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="health-grpc"))
+        self._grpc = _GrpcServer(2, "health-grpc")
+        self._server = self._grpc.server
         health_pb2_grpc.add_HealthServicer_to_server(self._servicer, self._server)
         try:
             self.port = self._server.add_insecure_port(f"{address}:{port}")
@@ -344,5 +366,5 @@ class HealthServer:
         return self
 
     def stop(self) -> None:
-        self._server.stop(1).wait(2)
+        self._grpc.stop(1)
         self._servicer.close()

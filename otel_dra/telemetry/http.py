@@ -5,6 +5,7 @@ It is told *what* to serve through callables and knows nothing about where the d
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -142,13 +143,51 @@ def send_buffers(sock: socket.socket, parts: list[bytes]) -> None:
                 break
 
 
+class _Server(ThreadingHTTPServer):
+    """A ThreadingHTTPServer that knows its open connections and their threads, so that stopping it
+    can end idle keep-alive connections (a scraper such as Prometheus keeps one open between
+    scrapes) and wait for those threads instead of leaving them behind."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        self._connections: dict[socket.socket, threading.Thread] = {}
+        self._connections_lock = threading.Lock()
+        super().__init__(address, handler)
+
+    def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
+        # As ThreadingMixIn's, but registered before the thread starts: stop() sees every connection.
+        thread = threading.Thread(
+            target=self.process_request_thread, args=(request, client_address), name="metrics-http-conn", daemon=True
+        )
+        with self._connections_lock:
+            self._connections[request] = thread
+        thread.start()
+
+    def process_request_thread(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._connections_lock:
+                self._connections.pop(request, None)
+
+    def end_connections(self) -> list[threading.Thread]:
+        """Stop reading from every open connection (an idle one ends at once, a response being sent
+        is still sent) and return their threads."""
+        with self._connections_lock:
+            connections = list(self._connections.items())
+        for sock, _ in connections:
+            with contextlib.suppress(OSError):  # already closed by its thread
+                sock.shutdown(socket.SHUT_RD)
+        return [thread for _, thread in connections]
+
+
 class MetricsServer:
     """A threaded HTTP server on ``address:port`` (port 0 picks a free one)."""
 
     def __init__(self, endpoints: Endpoints, address: str = "", port: int = 8080) -> None:
         handler = type("Handler", (_Handler,), {"endpoints": endpoints})
-        self._server = ThreadingHTTPServer((address, port), handler)
-        self._server.daemon_threads = True
+        self._server = _Server((address, port), handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
 
     @property
@@ -159,6 +198,11 @@ class MetricsServer:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop accepting, end the open connections and wait (at most ``timeout`` seconds in total)
+        for the server's threads."""
         self._server.shutdown()
         self._server.server_close()
+        deadline = time.monotonic() + timeout
+        for thread in [self._thread, *self._server.end_connections()]:
+            thread.join(max(0.0, deadline - time.monotonic()))

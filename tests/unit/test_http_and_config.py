@@ -77,6 +77,25 @@ def test_content_negotiation_and_gzip(server):
     assert _get(srv.port, "/nope")[0] == 404
 
 
+def test_stop_ends_idle_keep_alive_connections():
+    """A scraper keeps its HTTP/1.1 connection open between scrapes: stop() ends it and waits for its
+    thread instead of leaving the thread behind."""
+    import http.client
+    import threading
+
+    before = set(threading.enumerate())
+    srv = MetricsServer(Endpoints(lambda openmetrics, gzipped: [], lambda: None), "127.0.0.1", 0).start()
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)
+    try:
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().read() == b"ok\n"
+        assert len(set(threading.enumerate()) - before) == 2  # the server's, the idle connection's
+        srv.stop()
+        assert not [t.name for t in threading.enumerate() if t not in before]  # the client is still connected
+    finally:
+        conn.close()
+
+
 def test_otlp_env_parsing():
     assert otlp_config("metrics", {}) is None
     cfg = otlp_config("metrics", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"})
