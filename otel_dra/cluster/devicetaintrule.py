@@ -17,9 +17,11 @@ from otel_dra.kube.reflector import ResourceType
 
 GROUP = "resource.k8s.io"
 PLURAL = "devicetaintrules"
-# Preferred first: where a newer Kubernetes serves it, the older alpha version may be gone.
-VERSIONS = ("v1", "v1beta2", "v1beta1", "v1alpha3")
-RESOURCE = ResourceType(PLURAL, f"{GROUP}/v1alpha3")
+# Preferred first: where a newer Kubernetes serves it, the older alpha version may be gone (or,
+# as v1alpha3 in 1.37, deprecated). v1beta1 never served DeviceTaintRules.
+VERSIONS = ("v1", "v1beta2", "v1alpha3")
+# Until discovery has found where it is served.
+RESOURCE = ResourceType(PLURAL, f"{GROUP}/v1")
 
 
 def discover(client: KubeClient) -> ResourceType | None:
