@@ -132,18 +132,22 @@ def claim_pod(name: str, namespace: str, claim: str, node: str | None = None) ->
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
 
 
-def state_families() -> dict[str, str]:
-    """Prometheus name -> OTel instrument name of every cluster-state family beyond the seed."""
+def state_family_objects() -> list[Any]:
+    """Every cluster-state family beyond the seed (otel_dra.cluster.families.Family)."""
     from otel_dra.cluster import deviceclass, devicetaintrule, joins, resourceclaim, resourceslice
 
-    families = [
+    return [
         *resourceclaim.STATE_FAMILIES,
         *resourceslice.STATE_FAMILIES,
         *deviceclass.STATE_FAMILIES,
         *devicetaintrule.STATE_FAMILIES,
         *joins.ALL_FAMILIES,
     ]
-    return {f.prom_name: f.gauge.name for f in families}
+
+
+def state_families() -> dict[str, str]:
+    """Prometheus name -> OTel instrument name of every cluster-state family beyond the seed."""
+    return {f.prom_name: f.gauge.name for f in state_family_objects()}
 
 
 def rbac_kubeconfig(testbed: Any, name: str, verbs: str, namespace: str = "rbac-test") -> str:

@@ -157,7 +157,7 @@ class ClusterState:
                 events=self._metrics,
                 stale_after=stale_after,
                 page_size=page_size,
-                # DeviceTaintRules are an alpha API: optional, found by discovery.
+                # DeviceTaintRules: optional (off by default before 1.37), found by discovery.
                 discover=devicetaintrule.discover if store is self.taint_rules else None,
             )
             for rtype, store in stores

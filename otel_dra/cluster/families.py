@@ -23,6 +23,9 @@ class Family(Generic[T]):
     gauge: GaugeFamily
     stability: str
     samples: Callable[[T], Iterable[Sample]]
+    # The oldest Kubernetes minor ("1.35") whose API serves what the family reads, when the family
+    # names one (docs/metrics.md says it); "" for every release the exporter supports.
+    kubernetes: str = ""
 
     @property
     def prom_name(self) -> str:
@@ -36,5 +39,6 @@ def family(
     labels: tuple[str, ...],
     samples: Callable[[T], Iterable[Sample]],
     stability: str = "stable",
+    kubernetes: str = "",
 ) -> Family[T]:
-    return Family(GaugeFamily(name, unit, description, labels), stability, samples)
+    return Family(GaugeFamily(name, unit, description, labels), stability, samples, kubernetes)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_dra.cluster.families import Family, Sample, family
+from otel_dra.cluster.fields import optional_time
 from otel_dra.kube.quantity import parse_quantity
 from otel_dra.kube.reflector import ResourceType
 
@@ -112,6 +113,9 @@ class Device:
     # names no amount consumes (requestPolicy.default, else the whole capacity).
     defaults: tuple[float, ...] = ()
     taints: tuple[tuple[str, str, str], ...] = ()  # (key, value, effect)
+    # Per entry of ``taints``, its timeAdded (Unix seconds; None when unset or invalid); () when no
+    # taint has one.
+    taints_added: tuple[float | None, ...] = ()
     counters: tuple[tuple[str, Amounts], ...] = ()  # consumesCounters: (counter set, amounts)
     multi: bool = False  # allowMultipleAllocations
 
@@ -241,10 +245,13 @@ def _device(
                     report(f"device {name}: capacity {cap}: requestPolicy.default: {exc}")
             defaults.append(default)
     taints = []
+    added: list[float | None] = []
     raw_taints = dev.get("taints") or []
     for taint in raw_taints if isinstance(raw_taints, list) else []:
         if isinstance(taint, dict) and isinstance(taint.get("key"), str):
             taints.append((taint["key"], str(taint.get("value") or ""), str(taint.get("effect") or "")))
+            what = f"device {name}: taint {taint['key']}: timeAdded"
+            added.append(optional_time(taint.get("timeAdded"), what, report))
     counters = []
     raw_counters = dev.get("consumesCounters") or []
     for consumption in raw_counters if isinstance(raw_counters, list) else []:
@@ -267,6 +274,7 @@ def _device(
         capacities=capacities,
         defaults=tuple(defaults),
         taints=tuple(taints),
+        taints_added=tuple(added) if any(t is not None for t in added) else (),
         counters=tuple(counters),
         multi=multi,
     )
@@ -347,6 +355,17 @@ def _taints(s: Slice) -> Iterable[Sample]:
             yield (s.name, s.driver, s.pool, d.node_name, d.name, key, value, effect), 1.0
 
 
+def _taints_added(s: Slice) -> Iterable[Sample]:
+    for d in s.devices:
+        # As for _taints, identical entries are one series: the earliest time.
+        first: dict[tuple[str, str, str], float] = {}
+        for taint, added in zip(d.taints, d.taints_added, strict=False):
+            if added is not None:
+                first[taint] = min(added, first.get(taint, added))
+        for (key, value, effect), added in first.items():
+            yield (s.name, s.driver, s.pool, d.node_name, d.name, key, value, effect), added
+
+
 def _counter_capacity(s: Slice) -> Iterable[Sample]:
     for set_name, counters in s.counter_sets:
         for counter, value in counters:
@@ -384,6 +403,15 @@ def state_families(attributes: DeviceAttributes = DEFAULT_ATTRIBUTES) -> tuple[F
             (*DEVICE_LABELS, "key", "value", "effect"),
             _taints,
             stability="experimental",
+        ),
+        family(
+            "kube_resourceslice_device_taint_added_timestamp",
+            "s",
+            "Unix time each taint of a device in a ResourceSlice was added (its timeAdded).",
+            (*DEVICE_LABELS, "key", "value", "effect"),
+            _taints_added,
+            stability="experimental",
+            kubernetes="1.34",
         ),
         family(
             "kube_resourceslice_counter_set_capacity",

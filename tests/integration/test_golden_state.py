@@ -18,7 +18,18 @@ import yaml
 
 from otel_dra.fixtures import create, object_path
 from otel_dra.kube.client import ApiError
-from tests.helpers import check_golden, claim_pod, parse_samples, ready_node, scrape, state_families, wait_until
+from otel_dra.testbed.build import kubernetes_release
+from otel_dra.testbed.controlplane import RELEASE_SETTINGS
+from tests.helpers import (
+    check_golden,
+    claim_pod,
+    parse_samples,
+    ready_node,
+    scrape,
+    state_families,
+    state_family_objects,
+    wait_until,
+)
 
 # Its objects put a partitionable device's shared counters in the devices' slice, which Kubernetes
 # 1.35 and later reject ("only one of sharedCounters or devices"): a per-version object set is
@@ -72,7 +83,27 @@ CASES = {
 
 # Series whose value is the wall-clock time of the run are checked against the run's time window
 # and shown as a placeholder.
-_TIMES = {"kube_resourceclaim_created_timestamp_seconds", "kube_resourceclaim_allocation_timestamp_seconds"}
+_TIMES = {
+    "kube_resourceclaim_created_timestamp_seconds",
+    "kube_resourceclaim_allocation_timestamp_seconds",
+    "kube_resourceslice_device_taint_added_timestamp_seconds",
+    "kube_devicetaintrule_taint_added_timestamp_seconds",
+}
+
+
+def _minor(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def _families_up_to(minor: str) -> dict[str, str]:
+    """state_families() less those that need a Kubernetes newer than ``minor``."""
+    needs = {f.prom_name: f.kubernetes for f in state_family_objects()}
+    return {p: o for p, o in state_families().items() if not needs[p] or _minor(needs[p]) <= _minor(minor)}
+
+
+# The golden files are the same on every Kubernetes release: they hold the families that the oldest
+# supported one serves (the others, e.g. DeviceTaintRule conditions, are tested where they exist).
+GOLDEN_FAMILIES = _families_up_to(min(RELEASE_SETTINGS, key=_minor))
 
 
 def _pods() -> list[dict[str, Any]]:
@@ -168,7 +199,7 @@ def golden_scrape(testbed_sched, start_exporter_app_module):
 
 def _exposition(text: str, case: Case, window: tuple[float, float]) -> str:
     """The case's series of the new families, in served order, with run-time timestamps masked."""
-    families = state_families()
+    families = GOLDEN_FAMILIES
     out: list[str] = []
     for line in text.splitlines():
         if line.startswith("# TYPE "):
@@ -218,7 +249,7 @@ def test_otlp_has_the_same_series_as_prometheus(
         monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "500")
         app = start_exporter_app(str(testbed_sched.kubeconfig), leak_grace=LEAK_GRACE)
         wait_until(lambda: app.state.not_synced() is None, what="sync")
-        families = state_families()  # Prometheus name -> OTel name
+        families = _families_up_to(kubernetes_release().minor)  # Prometheus name -> OTel name
 
         def compare() -> tuple[bool, list[Any]]:
             points = receiver.metric_points()

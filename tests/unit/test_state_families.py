@@ -85,6 +85,21 @@ def _world(otlp: bool = False) -> World:
                     ],
                 }
             ]
+        if doc["kind"] == "DeviceTaintRule":
+            # As kube-controller-manager's device-taint-eviction controller (1.35+) writes it for a
+            # rule that does not evict.
+            obj["status"] = {
+                "conditions": [
+                    {
+                        "type": "EvictionInProgress",
+                        "status": "False",
+                        "reason": "OtherEffect",
+                        "message": "Eviction only happens for the NoExecute effect.",
+                        "observedGeneration": 1,
+                        "lastTransitionTime": "2026-11-30T01:02:05Z",
+                    }
+                ]
+            }
         kinds[doc["kind"]].upsert(obj)
     return w
 
