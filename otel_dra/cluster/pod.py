@@ -55,6 +55,10 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
@@ -102,18 +106,16 @@ def _device_health(
                 if health not in HEALTH_STATES:
                     report(f"allocatedResourcesStatus {name}: unknown health {health!r}, reported as Unknown")
                     health = "Unknown"
-                out.append(
-                    DeviceHealth(
-                        _text(container.get("name")), resolved.get(claim, claim), request, *parts, health=health
-                    )
-                )
+                driver, pool, device = parts
+                owner = _text(container.get("name"))
+                out.append(DeviceHealth(owner, resolved.get(claim, claim), request, driver, pool, device, health))
     return tuple(out)
 
 
 def parse(obj: dict[str, Any], report: Callable[[str], None]) -> Pod:
     meta = obj.get("metadata") or {}
-    spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
-    status = obj.get("status") if isinstance(obj.get("status"), dict) else {}
+    spec = _dict(obj.get("spec"))
+    status = _dict(obj.get("status"))
     claims = _claim_refs(spec, status)
     return Pod(
         namespace=_text(meta.get("namespace")),
