@@ -20,6 +20,11 @@ from otel_dra.fixtures import create, object_path
 from otel_dra.kube.client import ApiError
 from tests.helpers import check_golden, claim_pod, parse_samples, ready_node, scrape, state_families, wait_until
 
+# Its objects put a partitionable device's shared counters in the devices' slice, which Kubernetes
+# 1.35 and later reject ("only one of sharedCounters or devices"): a per-version object set is
+# issue 13's work.
+pytestmark = pytest.mark.kubernetes(max="1.34", reason="counters and devices in one slice")
+
 GOLDEN = Path(__file__).parent.parent / "golden"
 OBJECTS = [doc for doc in yaml.safe_load_all((GOLDEN / "state_objects.yaml").read_text()) if doc]
 NODES = ("gold-part", "gold-gen", "gold-cost", "gold-admin", "gold-taint")
