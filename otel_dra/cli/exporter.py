@@ -90,6 +90,14 @@ def add_parser(sub: Any) -> None:
         default=600.0,
         type=positive_seconds,
     )
+    add_flag(
+        p,
+        "--watch-pods",
+        "OTEL_DRA_WATCH_PODS",
+        "watch pods for kube_pod_resourceclaim_info and device health (needs list and watch on pods)",
+        default=True,
+        type=boolean,
+    )
     p.set_defaults(func=cmd_exporter)
 
 
@@ -149,6 +157,7 @@ def start_exporter(
     shard: Shard | None = None,
     device_attributes: Any = None,
     leak_grace: float = 600.0,
+    watch_pods: bool = True,
 ) -> ExporterApp:
     from otel_dra.cluster.exporter import ClusterState
     from otel_dra.kube.client import KubeClient, load_credentials
@@ -178,6 +187,7 @@ def start_exporter(
         page_size=page_size,
         shard=shard,
         leak_grace=leak_grace,
+        pods=watch_pods,
         **({"device_attributes": device_attributes} if device_attributes is not None else {}),
     )
     if state.shard.sharded:
@@ -237,6 +247,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
             target_info=args.target_info,
             device_attributes=args.device_attributes,
             leak_grace=args.leak_grace_period,
+            watch_pods=args.watch_pods,
         )
     except (CredentialsError, ConfigError) as exc:
         log.error("%s", exc)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
 from otel_dra import __version__
-from otel_dra.cluster import deviceclass, devicetaintrule, resourceclaim, resourceslice
+from otel_dra.cluster import deviceclass, devicetaintrule, pod, resourceclaim, resourceslice
 from otel_dra.cluster.joins import Joins
 from otel_dra.cluster.resourceslice import DEFAULT_ATTRIBUTES, DeviceAttributes
 from otel_dra.cluster.sharding import Shard
@@ -86,9 +86,18 @@ class _SelfMetrics:
         self.watch_errors.add(1, {"resource": resource, "code": str(status)})
 
 
+def _always(resource: ResourceType) -> Callable[[KubeClient], ResourceType | None]:
+    """Discovery of a resource every API server serves (its absence can only be RBAC's)."""
+
+    def discover(client: KubeClient) -> ResourceType | None:
+        return resource
+
+    return discover
+
+
 class ClusterState:
-    """Watches ResourceClaims, ResourceSlices, DeviceClasses (and DeviceTaintRules where served)
-    and serves their families and the joins across them."""
+    """Watches ResourceClaims, ResourceSlices, DeviceClasses (and DeviceTaintRules where served,
+    pods where allowed and wanted) and serves their families and the joins across them."""
 
     def __init__(
         self,
@@ -101,6 +110,7 @@ class ClusterState:
         shard: Shard | None = None,
         device_attributes: DeviceAttributes = DEFAULT_ATTRIBUTES,
         leak_grace: float = 600.0,
+        pods: bool = True,
     ) -> None:
         self._metrics = _SelfMetrics(meter_provider)
         on_problem = self._count_problem
@@ -146,6 +156,16 @@ class ClusterState:
             (deviceclass.RESOURCE, self.classes),
             (devicetaintrule.RESOURCE, self.taint_rules),
         ]
+        # Pods: their DRA references and device health (kube_pod_*). Optional like DeviceTaintRules:
+        # without list/watch on pods (RBAC), the exporter logs it once and serves the rest.
+        discovery: dict[int, Callable[[KubeClient], ResourceType | None]] = {
+            id(self.taint_rules): devicetaintrule.discover
+        }
+        self.pods: ObjectStore[pod.Pod] | None = None
+        if pods:
+            self.pods = ObjectStore("pods", pod.parse, pod.STATE_FAMILIES, keep=shard.owns, **common)
+            stores.append((pod.RESOURCE, self.pods))
+            discovery[id(self.pods)] = _always(pod.RESOURCE)
         self.stores: list[ObjectStore[Any]] = [s for _, s in stores]
         # Everything that renders series: the objects' own, then the joins'.
         self.series_stores: list[SeriesStore[Any]] = [*self.stores, *self.joins.stores]
@@ -157,8 +177,9 @@ class ClusterState:
                 events=self._metrics,
                 stale_after=stale_after,
                 page_size=page_size,
-                # DeviceTaintRules: optional (off by default before 1.37), found by discovery.
-                discover=devicetaintrule.discover if store is self.taint_rules else None,
+                # Optional resources, found by discovery (DeviceTaintRules: an API not every version
+                # serves; pods: RBAC the exporter may lack).
+                discover=discovery.get(id(store)),
             )
             for rtype, store in stores
         ]

@@ -7,7 +7,7 @@ from pathlib import Path
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader, Sum
 
-from otel_dra.cluster import deviceclass, devicetaintrule, joins, resourceclaim, resourceslice
+from otel_dra.cluster import deviceclass, devicetaintrule, joins, pod, resourceclaim, resourceslice
 from otel_dra.cluster.exporter import ClusterState
 from otel_dra.kube.client import RequestRecord
 from otel_dra.plugin import driver as plugin_driver
@@ -35,6 +35,7 @@ def _state_families():
     for module in (resourceclaim, resourceslice, deviceclass, devicetaintrule):
         yield from module.FAMILIES
         yield from module.STATE_FAMILIES
+    yield from pod.STATE_FAMILIES
     yield from joins.ALL_FAMILIES
 
 

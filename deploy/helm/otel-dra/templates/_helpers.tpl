@@ -103,6 +103,7 @@ spec:
         - --target-info={{ .Values.exporter.targetInfo }}
         - --device-attributes={{ join "," .Values.exporter.deviceAttributes }}
         - --leak-grace-period={{ .Values.exporter.leakGracePeriod }}
+        - --watch-pods={{ .Values.exporter.watchPods }}
         {{- if .Values.sharding.enabled }}
         - --shard=auto
         - --total-shards={{ .Values.sharding.shards }}
