@@ -52,8 +52,13 @@ def _reflector(app):
 
 
 def _chosen(caplog: pytest.LogCaptureFixture) -> list[str]:
-    """The log lines naming the version the exporter chose."""
-    return [r.getMessage() for r in caplog.records if ": served at " in r.getMessage()]
+    """The log lines naming the version the exporter chose for DeviceTaintRules."""
+    return [m for m in _rule_messages(caplog) if ": served at " in m]
+
+
+def _rule_messages(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The reflector's lines about DeviceTaintRules (other optional resources, pods, log too)."""
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("devicetaintrules")]
 
 
 def _rule(name: str, selector: dict[str, str], effect: str, api_version: str = SERVED_AT) -> dict[str, Any]:
@@ -91,7 +96,7 @@ def test_not_served_is_logged_once_and_everything_else_is_served(unserved, start
         state = _reflector(app).state()
         assert state.synced and "not served" in (state.unavailable or "")
         time.sleep(1)
-    messages = [r.getMessage() for r in caplog.records if "devicetaintrules" in r.getMessage()]
+    messages = _rule_messages(caplog)
     assert len([m for m in messages if "not served" in m]) == 1, messages
     assert _chosen(caplog) == []
 
@@ -271,6 +276,6 @@ def test_forbidden_by_rbac_is_logged_once_and_everything_else_is_served(testbed_
         assert _rules(app.port) == []
         state = _reflector(app).state()
         assert state.synced and "forbidden" in (state.unavailable or "")
-    messages = [r.getMessage() for r in caplog.records if "forbidden" in r.getMessage()]
+    messages = [m for m in _rule_messages(caplog) if "forbidden" in m]
     assert len(messages) == 1, messages
     assert "grant list and watch on devicetaintrules.resource.k8s.io" in messages[0]
