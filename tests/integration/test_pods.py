@@ -123,5 +123,5 @@ def test_without_rbac_for_pods_the_rest_is_served(testbed, start_exporter_app, c
         assert code == 200 and "kube_resourceclaim_status_reserved_total" in text
     [reflector] = [r for r in app.state.reflectors if r.resource.plural == "pods"]
     assert "forbidden" in (reflector.state().unavailable or "")
-    messages = [r.getMessage() for r in caplog.records if "pods" in r.getMessage() and "forbidden" in r.getMessage()]
+    messages = [m for m in (r.getMessage() for r in caplog.records) if m.startswith("pods: forbidden")]
     assert len(messages) == 1, messages
