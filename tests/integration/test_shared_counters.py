@@ -2,7 +2,7 @@
 kubernetes-current.md, against the real kube-scheduler. A counters slice defines one GPU's memory
 (80Gi); a device slice of the same pool publishes it whole or as two halves. The exporter's free
 counts must be what the scheduler can still allocate, and a pool whose device consumes a counter
-set that no slice defines is invalid for both.
+set that no slice defines is invalid for both. Three shards together serve what one exporter serves.
 
 Runs when the testbed is Kubernetes 1.35 or newer (``OTEL_DRA_KUBERNETES_VERSION=1.37``): 1.34's
 API server rejects a device that consumes a counter set of another slice.
@@ -11,10 +11,12 @@ API server rejects a device that consumes a counter set of another slice.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from typing import Any
 
 import pytest
 
+from otel_dra.cluster.sharding import Shard
 from otel_dra.fixtures import create
 from otel_dra.kube.client import ApiError, KubeClient, load_credentials
 from otel_dra.testbed.build import kubernetes_release
@@ -97,6 +99,16 @@ def _expect(port: int, **wanted: float) -> None:
         lambda: {k: _pools(port).get((f"kube_{k}", NODE)) for k in wanted} == wanted,
         timeout=30,
         what=f"the exporter to report {wanted}",
+    )
+
+
+def _series(port: int) -> Counter[tuple[str, tuple[tuple[str, str], ...], float]]:
+    code, text = scrape(port)
+    assert code == 200
+    return Counter(
+        (name, tuple(sorted(labels.items())), value)
+        for name, labels, value in parse_samples(text)
+        if labels.get("driver") == DRIVER
     )
 
 
@@ -183,6 +195,16 @@ def test_pool_wide_counters_match_what_the_scheduler_allocates(testbed_sched, st
         # The scheduler allocates nothing from the invalid pool.
         assert not place(client, NS, "from-invalid-pool", BAD_NODE, DRIVER)
         assert _pools(app.port)[("kube_resourcepool_invalid", BAD_NODE)] == 1.0
+
+        # Three shards serve together what one exporter serves, counter sets joined across slices
+        # that different shards own.
+        shards = [start_exporter_app(str(testbed_sched.kubeconfig), shard=Shard(i, 3)) for i in range(3)]
+        for shard in shards:
+            wait_until(lambda shard=shard: shard.state.not_synced() is None, what="sync")
+        wait_until(
+            lambda: sum((_series(shard.port) for shard in shards), Counter()) == _series(app.port),
+            what="the union of the shards' series to equal the unsharded exporter's",
+        )
     finally:
         for path in (f"/api/v1/namespaces/{NS}/pods", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims"):
             with contextlib.suppress(ApiError):
