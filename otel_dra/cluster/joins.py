@@ -49,7 +49,9 @@ Sums = dict[str, dict[str, float]]  # counter set -> counter -> amount
 # For a counter set name of a slice's pool and generation: the counters that a slice of it defines
 # (empty when none does) and what the generation's allocated devices consume from them.
 CounterLookup = Callable[[str], tuple[Amounts, Mapping[str, float]]]
-Contribution = dict[tuple[str, str | None], list[int]]  # (node, partition type) -> [devices, allocated, free]
+# A slice's part of its pool's counts, [devices, allocated, free], by node, and for partitionable
+# devices (those consuming shared counters) by (node, partition type).
+Contribution = dict[str | tuple[str, str], list[int]]
 
 # Reasons an allocation result cannot be priced (kube_resourceclaim_unpriced_devices).
 CLASS_NOT_FOUND = "class_not_found"
@@ -373,7 +375,7 @@ def evaluate(
     counters: CounterLookup = _undefined,
 ) -> tuple[SliceUsage, Contribution]:
     """The slice joined with the allocations naming its devices, and its contribution to its pool's
-    per-node counts: (node, partition type or None) -> [devices, allocated, free]. ``rules``: (pool,
+    per-node counts (see Contribution). ``rules``: (pool,
     device) selectors of the blocking DeviceTaintRules for the slice's driver ("" matches any).
     ``counters``: the counter sets of the slice's pool generation (not used for 1.34's shape, where
     a slice's devices consume from the slice's own sets)."""
@@ -420,7 +422,7 @@ def evaluate(
             free = all(left.get((set_name, c), v) >= v for set_name, amounts in d.counters for c, v in amounts)
         if free and (d.blocked or any(p in ("", s.pool) and dev in ("", d.name) for p, dev in rules)):
             free = False
-        counts = contribution.setdefault((d.node_name, d.partition_type if d.counters else None), [0, 0, 0])
+        counts = contribution.setdefault((d.node_name, d.partition_type) if d.counters else d.node_name, [0, 0, 0])
         counts[0] += 1
         counts[1] += is_allocated
         counts[2] += free
@@ -521,7 +523,7 @@ class Joins:
         self._device_slices: dict[DevKey, tuple[str, ...]] = {}
         self._pools: dict[PoolKey, dict[int, set[str]]] = {}  # pool -> generation -> slice keys
         self._invalid: dict[PoolKey, bool] = {}
-        self._contribution: dict[str, Contribution] = {}  # slice key -> (node, partition type) -> counts
+        self._contribution: dict[str, Contribution] = {}  # slice key -> its part of the pool counts
         # Shared counters (since Kubernetes 1.35 pool-wide: a set is defined by a counters-only slice
         # and consumed by the devices of other slices of the same pool and generation).
         self._set_defined: dict[SetKey, list[str]] = {}  # counters-only slices defining the set (sorted)
@@ -843,10 +845,11 @@ class Joins:
         partitions: dict[tuple[str, str], list[int]] = {}
         counters: dict[tuple[str, str, str], list[float]] = {}
         for key, s in zip(members, slices, strict=True):
-            for (node, partition_type), counts in self._contribution.get(key, {}).items():
-                _add(nodes.setdefault(node, [0, 0, 0]), counts)
-                if partition_type is not None:
-                    _add(partitions.setdefault((node, partition_type), [0, 0, 0]), counts)
+            for part, counts in self._contribution.get(key, {}).items():
+                if isinstance(part, tuple):
+                    _add(partitions.setdefault(part, [0, 0, 0]), counts)
+                    part = part[0]
+                _add(nodes.setdefault(part, [0, 0, 0]), counts)
             # Two 1.34-style slices of a pool may each define a set of the same name: summed.
             for (set_name, amounts), (_, free) in zip(s.counter_sets, self._counters_free.get(key, ()), strict=True):
                 for (counter, capacity), (_, left) in zip(amounts, free, strict=True):
