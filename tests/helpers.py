@@ -132,6 +132,45 @@ def claim_pod(name: str, namespace: str, claim: str, node: str | None = None) ->
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
 
 
+def device_claim(name: str, namespace: str, device_class: str, selector: str | None = None) -> dict[str, Any]:
+    """A ResourceClaim for one device of ``device_class`` (matching the CEL ``selector``, if given)."""
+    exactly: dict[str, Any] = {"deviceClassName": device_class}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "dev", "exactly": exactly}]}},
+    }
+
+
+def pod_scheduled(client: Any, namespace: str, name: str) -> bool | None:
+    """True once the pod is bound, False once the scheduler says it cannot place it, else None."""
+    pod = client.get_json(f"/api/v1/namespaces/{namespace}/pods/{name}")
+    if pod["spec"].get("nodeName"):
+        return True
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+            return False
+    return None
+
+
+def place(client: Any, namespace: str, name: str, node: str, device_class: str, selector: str | None = None) -> bool:
+    """Create a claim for one device and a pod on ``node`` using it (both called ``name``); whether
+    the real scheduler placed the pod."""
+    from otel_dra.fixtures import create
+
+    create(client, device_claim(name, namespace, device_class, selector))
+    create(client, claim_pod(name, namespace, name, node=node))
+    placed = wait_until(
+        lambda: (lambda r: None if r is None else ("yes" if r else "no"))(pod_scheduled(client, namespace, name)),
+        timeout=60,
+        what=f"the scheduler to decide on pod {name}",
+    )
+    return bool(placed == "yes")
+
+
 def state_family_objects() -> list[Any]:
     """Every cluster-state family beyond the seed (otel_dra.cluster.families.Family)."""
     from otel_dra.cluster import deviceclass, devicetaintrule, joins, resourceclaim, resourceslice

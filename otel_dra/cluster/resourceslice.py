@@ -65,19 +65,20 @@ class DeviceAttributes:
     def values(self, attributes: Any, driver: str) -> tuple[str, ...]:
         if not isinstance(attributes, dict) or not self.names:
             return tuple("" for _ in self.names)
-        out = []
-        for name in self.names:
-            domain, _, ident = name.rpartition("/")
-            if domain:
-                value = attributes.get(name)
-                if value is None and domain == driver:
-                    value = attributes.get(ident)
-            else:
-                value = attributes.get(name)
-                if value is None:
-                    value = attributes.get(f"{driver}/{name}")
-            out.append(_attribute_text(value))
-        return tuple(out)
+        return tuple(_attribute_text(_attribute(attributes, name, driver)) for name in self.names)
+
+
+def _attribute(attributes: dict[str, Any], name: str, driver: str) -> Any:
+    """The attribute called ``name`` (bare or qualified: an attribute in the driver's own domain may
+    be published either way), or None."""
+    domain, _, ident = name.rpartition("/")
+    if domain:
+        value = attributes.get(name)
+        if value is None and domain == driver:
+            value = attributes.get(ident)
+        return value
+    value = attributes.get(name)
+    return attributes.get(f"{driver}/{name}") if value is None else value
 
 
 DEFAULT_ATTRIBUTES = DeviceAttributes.parse(DEFAULT_DEVICE_ATTRIBUTES)
@@ -118,6 +119,8 @@ class Device:
     taints_added: tuple[float | None, ...] = ()
     counters: tuple[tuple[str, Amounts], ...] = ()  # consumesCounters: (counter set, amounts)
     multi: bool = False  # allowMultipleAllocations
+    # The value of the attribute that the slice's partitionTypeAttribute names ("" when unset).
+    partition_type: str = ""
 
     @property
     def blocked(self) -> bool:
@@ -135,6 +138,13 @@ class Slice:
     slice_count: int = 0  # spec.pool.resourceSliceCount
     node_name: str = ""  # spec.nodeName
     counter_sets: tuple[tuple[str, Amounts], ...] = ()  # sharedCounters
+
+    @property
+    def local_counters(self) -> bool:
+        """Kubernetes 1.34's shape: the slice defines counter sets and devices, and its devices
+        consume only from its own sets. Since 1.35 a slice holds either counter sets or devices,
+        and devices consume from the sets of any slice of their pool (and generation)."""
+        return bool(self.counter_sets) and bool(self.devices)
 
 
 def _string_attribute(attributes: Any, name: str) -> str:
@@ -184,6 +194,9 @@ def make_parser(
             pool = {}
         per_device = spec.get("perDeviceNodeSelection") is True
         slice_node = spec["nodeName"] if isinstance(spec.get("nodeName"), str) else ""
+        partition_attribute = spec.get("partitionTypeAttribute")
+        if not isinstance(partition_attribute, str):
+            partition_attribute = ""
         raw_devices = spec.get("devices") or []
         if not isinstance(raw_devices, list):
             report("spec.devices is not a list")
@@ -193,7 +206,7 @@ def make_parser(
             if not isinstance(dev, dict) or not isinstance(dev.get("name"), str):
                 report(f"spec.devices[{i}] has no name; skipped")
                 continue
-            devices.append(_device(dev, per_device, slice_node, driver, attributes, report))
+            devices.append(_device(dev, per_device, slice_node, driver, attributes, partition_attribute, report))
         counter_sets = []
         raw_sets = spec.get("sharedCounters") or []
         for i, counter_set in enumerate(raw_sets if isinstance(raw_sets, list) else []):
@@ -222,13 +235,16 @@ def _device(
     slice_node: str,
     driver: str,
     attributes: DeviceAttributes,
+    partition_attribute: str,
     report: Callable[[str], None],
 ) -> Device:
     name = dev["name"]
     # node_name is the node the device is bound to -- never the pool name. With per-device
     # node selection each device says; otherwise the slice does (empty for shared devices).
     node = dev.get("nodeName") if per_device else slice_node
-    attrs = dev.get("attributes") or {}
+    attrs = dev.get("attributes")
+    if not isinstance(attrs, dict):
+        attrs = {}
     raw_capacity = dev.get("capacity") or {}
     capacities = _amounts(raw_capacity, f"device {name}: capacity", report)
     by_name = dict(capacities)
@@ -277,6 +293,7 @@ def _device(
         taints_added=tuple(added) if any(t is not None for t in added) else (),
         counters=tuple(counters),
         multi=multi,
+        partition_type=_attribute_text(_attribute(attrs, partition_attribute, driver)) if partition_attribute else "",
     )
 
 
