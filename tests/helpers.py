@@ -23,6 +23,39 @@ SEED_FAMILIES = (
 )
 
 
+def pool_wide_counters() -> bool:
+    """Whether the testbed's Kubernetes (OTEL_DRA_KUBERNETES_VERSION) is 1.35 or later, where shared
+    counters are pool-wide and may not share a slice with devices."""
+    from otel_dra.testbed.build import kubernetes_release
+
+    return tuple(map(int, kubernetes_release().minor.split("."))) >= (1, 35)
+
+
+def shaped_for_testbed(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """An object written in Kubernetes 1.34's shapes, as the testbed's minor accepts it.
+
+    Since 1.35 "only one of sharedCounters or devices" may be set in a slice: a slice with both
+    becomes a counters slice ``<name>-counters`` and its devices' slice, one more slice of the same
+    pool. DeviceTaintRules are created in the API version that minor serves."""
+    from otel_dra.testbed.build import kubernetes_release
+    from otel_dra.testbed.controlplane import RELEASE_SETTINGS
+
+    if obj["kind"] == "DeviceTaintRule":
+        api = RELEASE_SETTINGS[kubernetes_release().minor].taint_rule_api or "resource.k8s.io/v1"
+        return [{**obj, "apiVersion": api}]
+    spec = obj.get("spec") or {}
+    if obj["kind"] != "ResourceSlice" or not pool_wide_counters() or not spec.get("sharedCounters"):
+        return [obj]
+    pool = {**spec["pool"], "resourceSliceCount": spec["pool"]["resourceSliceCount"] + 1}
+    devices = {k: v for k, v in spec.items() if k != "sharedCounters"}
+    counters = {k: v for k, v in spec.items() if k != "devices"}
+    name = obj["metadata"]["name"]
+    return [
+        {**obj, "metadata": {**obj["metadata"], "name": f"{name}-counters"}, "spec": {**counters, "pool": pool}},
+        {**obj, "spec": {**devices, "pool": pool}},
+    ]
+
+
 def check_golden(path: Path, got: str) -> None:
     """Compare ``got`` with the golden file ``path``; with UPDATE_GOLDEN=1 (``make golden``) write it
     instead. A regenerated file is only right once its diff has been read line by line."""

@@ -8,7 +8,7 @@ from typing import Any
 
 from otel_dra.fixtures import create
 from otel_dra.kube.client import ApiError, KubeClient, load_credentials
-from tests.helpers import parse_samples, place, ready_node, scrape, wait_until
+from tests.helpers import parse_samples, place, ready_node, scrape, shaped_for_testbed, wait_until
 
 DRIVER = "free.example.com"
 NS = "sched-free"
@@ -86,7 +86,8 @@ def test_free_count_matches_what_the_scheduler_can_still_allocate(testbed_sched,
         client.send_json("POST", "/api/v1/namespaces", {"metadata": {"name": NS}})
     for node, slice_ in SLICES.items():
         ready_node(client, node)
-        create(client, slice_)
+        for shaped in shaped_for_testbed(slice_):  # 1.35+: free-c's counters in a slice of their own
+            create(client, shaped)
     create(
         client,
         {
@@ -121,8 +122,9 @@ def test_free_count_matches_what_the_scheduler_can_still_allocate(testbed_sched,
         ):
             with contextlib.suppress(ApiError):
                 client.request("DELETE", path, query={"gracePeriodSeconds": 0})
-        for node in SLICES:
-            with contextlib.suppress(ApiError):
-                client.request("DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{node}-free")
+        for slice_ in SLICES.values():
+            for shaped in shaped_for_testbed(slice_):
+                with contextlib.suppress(ApiError):
+                    client.request("DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{shaped['metadata']['name']}")
         with contextlib.suppress(ApiError):
             client.request("DELETE", f"/apis/resource.k8s.io/v1/deviceclasses/{DRIVER}")

@@ -19,14 +19,10 @@ import pytest
 from otel_dra.cluster.sharding import Shard
 from otel_dra.fixtures import create
 from otel_dra.kube.client import ApiError, KubeClient, load_credentials
-from otel_dra.testbed.build import kubernetes_release
 from otel_dra.testbed.controlplane import release_settings
 from tests.helpers import parse_samples, place, ready_node, scrape, wait_until
 
-pytestmark = pytest.mark.skipif(
-    tuple(int(n) for n in kubernetes_release().minor.split(".")) < (1, 35),
-    reason="counter sets are pool-wide since Kubernetes 1.35 (OTEL_DRA_KUBERNETES_VERSION)",
-)
+pytestmark = pytest.mark.kubernetes(min="1.35", reason="counter sets are pool-wide since Kubernetes 1.35")
 
 DRIVER = "counters.example.com"
 NS = "shared-counters"
