@@ -46,8 +46,8 @@ test: lint peers
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # The integration tests against another Kubernetes minor's control plane (built into the cache the
-# first time, about 11 minutes on 2 cores): `make test-integration KUBERNETES_MINOR=1.37`.
-KUBERNETES_MINOR ?= 1.37
+# first time, about 11 minutes on 2 cores): `make test-integration KUBERNETES_MINOR=1.34`.
+KUBERNETES_MINOR ?= 1.34
 test-integration: peers
 	$(BIN)/otel-dra testbed build --kubernetes-version $(KUBERNETES_MINOR)
 	OTEL_DRA_KUBERNETES_VERSION=$(KUBERNETES_MINOR) $(BIN)/pytest -m testbed $(PYTEST_ARGS)

@@ -19,7 +19,6 @@ import yaml
 from otel_dra.kube.client import KubeClient, load_credentials
 from otel_dra.kubeletsim.nodes import ensure_node
 from otel_dra.testbed import (
-    KUBERNETES_VERSION,
     Binaries,
     BinariesMissingError,
     BuildError,
@@ -99,7 +98,7 @@ def test_kubernetes_wrapper_pins_every_staging_module() -> None:
     for name in KUBERNETES_STAGING_MODULES:
         assert f"replace k8s.io/{name} => k8s.io/{name} v0.34.4\n" in go_mod
     assert "godebug default=go1.24\n" in go_mod
-    assert f"require k8s.io/kubernetes {KUBERNETES_VERSION}\n" in go_mod
+    assert "require k8s.io/kubernetes v1.34.4\n" in go_mod  # the table's row: the oldest release
 
 
 def test_each_release_wrapper_repeats_its_own_go_mod() -> None:

@@ -104,7 +104,7 @@ KUBERNETES_RELEASES: tuple[KubernetesRelease, ...] = (
 # What `testbed build|up`, the demo, the sandbox, the benchmarks and the tests use unless told
 # otherwise (a flag, or this environment variable): "1.37", "v1.37" or "v1.37.2".
 KUBERNETES_VERSION_ENV = "OTEL_DRA_KUBERNETES_VERSION"
-DEFAULT_KUBERNETES_MINOR = "1.34"
+DEFAULT_KUBERNETES_MINOR = "1.37"
 
 
 def kubernetes_release(spec: str | KubernetesRelease | None = None) -> KubernetesRelease:
@@ -122,10 +122,12 @@ def kubernetes_release(spec: str | KubernetesRelease | None = None) -> Kubernete
     raise BuildError(f"Kubernetes version {source} is not one the testbed builds (one of {served}, or their patch)")
 
 
-_DEFAULT_RELEASE = kubernetes_release(DEFAULT_KUBERNETES_MINOR)
 # The default release's versions (what a plain `otel-dra testbed build` builds).
-KUBERNETES_VERSION = _DEFAULT_RELEASE.version
-ETCD_VERSION = _DEFAULT_RELEASE.etcd
+KUBERNETES_VERSION = kubernetes_release(DEFAULT_KUBERNETES_MINOR).version
+ETCD_VERSION = kubernetes_release(DEFAULT_KUBERNETES_MINOR).etcd
+# The control-plane rows below are written for the oldest supported release; control_plane()
+# derives every other release's rows from them.
+_OLDEST = KUBERNETES_RELEASES[0]
 
 # The Collector Builder (ocb) release and the component releases it assembles. Every component must
 # come from one Collector release: core v0.165.0 pairs with the stable core modules v1.71.0 and with
@@ -273,15 +275,15 @@ def helm_version_ldflags(peer: GoPeer) -> str:
 
 # The table. A row gives name, version and the module its wrapper requires, then only what differs from
 # GoPeer's defaults (one `go build` of the module's root package, static, `-o <name>`).
-ETCD = GoPeer("etcd", ETCD_VERSION, "go.etcd.io/etcd/server/v3", binary="etcd")
+ETCD = GoPeer("etcd", _OLDEST.etcd, "go.etcd.io/etcd/server/v3", binary="etcd")
 # Another Kubernetes version is this row with another version: dataclasses.replace(KUBERNETES, version=...).
 KUBERNETES = GoPeer(
-    "kubernetes", KUBERNETES_VERSION, "k8s.io/kubernetes",
+    "kubernetes", _OLDEST.version, "k8s.io/kubernetes",
     packages=tuple(f"k8s.io/kubernetes/cmd/{name}" for name in KUBERNETES_COMMANDS),
     imports=kubernetes_tools_imports, ldflags=kubernetes_version_ldflags, replaces=kubernetes_staging_replaces,
     # Copied from k8s.io/kubernetes' own go.mod (per release, see control_plane): the main module's
     # godebug settings decide runtime behaviour, and Kubernetes is tested with these defaults.
-    godebug=_DEFAULT_RELEASE.godebug,
+    godebug=_OLDEST.godebug,
     # The control plane has always been built with the environment's cgo setting; forcing it either
     # way would make a fresh machine's binaries differ from the cached ones.
     cgo=None, title="Kubernetes",

@@ -288,7 +288,8 @@ def test_every_built_row_is_found_and_not_rebuilt(tmp_path: Path, monkeypatch: p
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # would fail if it tried to run go
     for peer in b.PEERS:
         assert b.build_peer(peer, tmp_path, progress=lambda _: None) == tmp_path / "bin" / peer.key
-    assert b.build(tmp_path, progress=lambda _: None) == b.find_binaries(tmp_path)
+    # The table's control-plane rows are those of the oldest release (control_plane derives the rest).
+    assert b.build(tmp_path, progress=lambda _: None, version="1.34") == b.find_binaries(tmp_path, "1.34")
     assert b.build_helm(tmp_path, progress=lambda _: None) == b.find_helm(tmp_path)
     assert b.build_ocb(tmp_path, progress=lambda _: None) == tmp_path / "bin" / "ocb-v0.165.0" / "ocb"
     assert b.build_otelcol(tmp_path, progress=lambda _: None) == b.find_otelcol(tmp_path)
@@ -304,7 +305,7 @@ def test_every_row_without_go_is_a_clear_error(tmp_path: Path, monkeypatch: pyte
 
 
 def test_binaries_are_keyed_by_binary_name(tmp_path: Path) -> None:
-    binaries = b.expected_binaries(tmp_path)
+    binaries = b.expected_binaries(tmp_path, "1.34")
     data = binaries.as_dict()
     assert data == {
         "etcd": str(tmp_path / "bin/etcd-v3.6.16/etcd"),
@@ -316,12 +317,12 @@ def test_binaries_are_keyed_by_binary_name(tmp_path: Path) -> None:
 
 
 def test_a_binary_added_to_a_control_plane_row_is_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for path in b.expected_binaries(tmp_path).all():
+    for path in b.expected_binaries(tmp_path, "1.34").all():
         _fake_binary(path)
     calls = _fake_go(tmp_path, monkeypatch)
     kubernetes = dataclasses.replace(b.KUBERNETES, packages=(*b.KUBERNETES.packages, "k8s.io/kubernetes/cmd/kubelet"))
     monkeypatch.setattr(b, "CONTROL_PLANE", (kubernetes, b.ETCD))
-    binaries = b.build(tmp_path, progress=lambda _: None)
-    assert binaries == b.find_binaries(tmp_path)  # `Binaries` has no kubelet field: it is just built
+    binaries = b.build(tmp_path, progress=lambda _: None, version="1.34")
+    assert binaries == b.find_binaries(tmp_path, "1.34")  # `Binaries` has no kubelet field: it is just built
     assert (tmp_path / "bin" / "kubernetes-v1.34.4" / "kubelet").is_file()
     assert [call[2] for call in _go_calls(calls)] == ["mod", "build"]  # etcd was there already
