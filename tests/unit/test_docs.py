@@ -39,6 +39,29 @@ def _state_families():
     yield from joins.ALL_FAMILIES
 
 
+def _minor(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
+
+
+def compatibility_matrix() -> str:
+    """The family x Kubernetes minor table of docs/metrics.md, from each family's `kubernetes`."""
+    from otel_dra.testbed.build import KUBERNETES_RELEASES
+
+    minors = [release.minor for release in KUBERNETES_RELEASES]
+    lines = ["| family | " + " | ".join(minors) + " |", "|---|" + "---|" * len(minors)]
+    for fam in sorted(_state_families(), key=lambda f: f.prom_name):
+        since = _minor(fam.kubernetes or minors[0])
+        cells = ["yes" if _minor(minor) >= since else "no" for minor in minors]
+        lines.append(f"| {fam.prom_name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def test_compatibility_matrix_is_the_families_own():
+    """Regenerate the table with `python -c "from tests.unit.test_docs import compatibility_matrix as m;
+    print(m())"` when a family or a supported minor is added."""
+    assert compatibility_matrix() in DOC.read_text()
+
+
 def test_state_families_documented():
     rows = _table_rows()
     for fam in _state_families():
