@@ -1,8 +1,9 @@
 """Metric families as data, the kube-state-metrics way.
 
 A family is a gauge (name, unit, help, labels), a stability level and a function from one cached
-object to its samples. The same definition drives the Prometheus exposition (rendered when the
-object changes), the OTLP observable gauge, and the docs/metrics.md table check.
+object to its samples; a family joined across resources also names the resources it reads. The
+same definition drives the Prometheus exposition (rendered when the object changes), the OTLP
+observable gauge, and the docs/metrics.md table check.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ class Family(Generic[T]):
     gauge: GaugeFamily
     stability: str
     samples: Callable[[T], Iterable[Sample]]
+    # The watched resources (plural names) whose objects the values are computed from, for the
+    # families of otel_dra/cluster/joins.py; a per-object family reads its own resource only.
+    reads: tuple[str, ...] = ()
 
     @property
     def prom_name(self) -> str:
@@ -36,5 +40,6 @@ def family(
     labels: tuple[str, ...],
     samples: Callable[[T], Iterable[Sample]],
     stability: str = "stable",
+    reads: tuple[str, ...] = (),
 ) -> Family[T]:
-    return Family(GaugeFamily(name, unit, description, labels), stability, samples)
+    return Family(GaugeFamily(name, unit, description, labels), stability, samples, reads)

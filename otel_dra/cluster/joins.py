@@ -16,6 +16,12 @@ change touches:
 So the work per change is bounded by the objects it touches (a slice has at most 128 devices), not
 by the size of the cluster. Changes of one full relist are applied as one batch, and each touched
 slice and pool is evaluated once per batch. See docs/metrics.md for the semantics.
+
+Only what the served families need is built (``select``, see :mod:`otel_dra.cluster.selection`):
+a store whose families are all off does not exist, and neither does the work and the indexes that
+only it needs (slice evaluation and the device index, pool sums, pricing, the leak clock). Each
+family names the resources it reads (``Family.reads``); :attr:`Joins.reads` is their union, the
+resources the exporter must watch for the joins.
 """
 
 from __future__ import annotations
@@ -28,11 +34,16 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from otel_dra.cluster.deviceclass import RESOURCE as DEVICECLASSES
 from otel_dra.cluster.deviceclass import DeviceClass
+from otel_dra.cluster.devicetaintrule import RESOURCE as DEVICETAINTRULES
 from otel_dra.cluster.devicetaintrule import DeviceTaintRule
 from otel_dra.cluster.families import Family, Sample, family
+from otel_dra.cluster.resourceclaim import RESOURCE as RESOURCECLAIMS
 from otel_dra.cluster.resourceclaim import Claim
 from otel_dra.cluster.resourceslice import BLOCKING_EFFECTS, COUNTER_LABELS, DEVICE_LABELS, Amounts, Slice
+from otel_dra.cluster.resourceslice import RESOURCE as RESOURCESLICES
+from otel_dra.cluster.selection import EVERYTHING, FamilySelection
 from otel_dra.cluster.sharding import Shard
 from otel_dra.cluster.store import SEGMENT, Change, SeriesStore
 
@@ -41,6 +52,10 @@ log = logging.getLogger(__name__)
 DevKey = tuple[str, str, str]  # (driver, pool, device): how allocation results name a device
 PoolKey = tuple[str, str]  # (driver, pool)
 Use = tuple[int, Amounts]  # allocation results naming a device, and their summed consumedCapacity
+
+# The resources the joined families read (Family.reads).
+CLAIMS, SLICES = RESOURCECLAIMS.plural, RESOURCESLICES.plural
+CLASSES, RULES = DEVICECLASSES.plural, DEVICETAINTRULES.plural
 
 # Reasons an allocation result cannot be priced (kube_resourceclaim_unpriced_devices).
 CLASS_NOT_FOUND = "class_not_found"
@@ -111,6 +126,7 @@ SLICE_FAMILIES: tuple[Family[SliceUsage], ...] = (
         DEVICE_LABELS,
         _allocated,
         stability="experimental",
+        reads=(SLICES, CLAIMS),
     ),
     family(
         "kube_resourceslice_device_allocated_capacity",
@@ -119,6 +135,7 @@ SLICE_FAMILIES: tuple[Family[SliceUsage], ...] = (
         (*DEVICE_LABELS, "capacity"),
         _allocated_capacity,
         stability="experimental",
+        reads=(SLICES, CLAIMS),
     ),
     family(
         "kube_resourceslice_counter_set_free",
@@ -127,6 +144,7 @@ SLICE_FAMILIES: tuple[Family[SliceUsage], ...] = (
         COUNTER_LABELS,
         _counters_free,
         stability="experimental",
+        reads=(SLICES, CLAIMS),
     ),
 )
 
@@ -151,7 +169,7 @@ def _pool_count(index: int) -> Callable[[PoolState], Iterable[Sample]]:
     return samples
 
 
-POOL_FAMILIES: tuple[Family[PoolState], ...] = (
+POOL_STATE_FAMILIES: tuple[Family[PoolState], ...] = (
     family(
         "kube_resourcepool_generation",
         "",
@@ -159,6 +177,7 @@ POOL_FAMILIES: tuple[Family[PoolState], ...] = (
         ("driver", "pool"),
         _pool_generation,
         stability="experimental",
+        reads=(SLICES,),
     ),
     family(
         "kube_resourcepool_incomplete",
@@ -167,6 +186,7 @@ POOL_FAMILIES: tuple[Family[PoolState], ...] = (
         ("driver", "pool"),
         _pool_incomplete,
         stability="experimental",
+        reads=(SLICES,),
     ),
     family(
         "kube_resourcepool_invalid",
@@ -175,7 +195,12 @@ POOL_FAMILIES: tuple[Family[PoolState], ...] = (
         ("driver", "pool"),
         _pool_invalid,
         stability="experimental",
+        reads=(SLICES,),
     ),
+)
+
+# The per-node counts: they need each slice evaluated (the allocated and free ones, the claims too).
+POOL_COUNT_FAMILIES: tuple[Family[PoolState], ...] = (
     family(
         "kube_resourcepool_devices",
         "{device}",
@@ -183,6 +208,7 @@ POOL_FAMILIES: tuple[Family[PoolState], ...] = (
         ("driver", "pool", "node_name"),
         _pool_count(1),
         stability="experimental",
+        reads=(SLICES,),
     ),
     family(
         "kube_resourcepool_devices_allocated",
@@ -191,6 +217,7 @@ POOL_FAMILIES: tuple[Family[PoolState], ...] = (
         ("driver", "pool", "node_name"),
         _pool_count(2),
         stability="experimental",
+        reads=(SLICES, CLAIMS),
     ),
     family(
         "kube_resourcepool_devices_free",
@@ -199,8 +226,11 @@ POOL_FAMILIES: tuple[Family[PoolState], ...] = (
         ("driver", "pool", "node_name"),
         _pool_count(3),
         stability="experimental",
+        reads=(SLICES, CLAIMS, RULES),
     ),
 )
+
+POOL_FAMILIES = POOL_STATE_FAMILIES + POOL_COUNT_FAMILIES
 
 
 def _cost(c: ClaimCost) -> Iterable[Sample]:
@@ -221,6 +251,7 @@ COST_FAMILIES: tuple[Family[ClaimCost], ...] = (
         ("resourceclaim_name", "namespace", "deviceclass_name"),
         _cost,
         stability="experimental",
+        reads=(CLAIMS, CLASSES),
     ),
     family(
         "kube_resourceclaim_unpriced_devices",
@@ -229,6 +260,7 @@ COST_FAMILIES: tuple[Family[ClaimCost], ...] = (
         ("resourceclaim_name", "namespace", "deviceclass_name", "reason"),
         _unpriced,
         stability="experimental",
+        reads=(CLAIMS, CLASSES),
     ),
 )
 
@@ -245,6 +277,7 @@ LEAK_FAMILIES: tuple[Family[LeakedClaim], ...] = (
         ("resourceclaim_name", "namespace"),
         _leaked,
         stability="experimental",
+        reads=(CLAIMS,),
     ),
 )
 
@@ -390,7 +423,8 @@ class LeakClock:
 
 # --- the joins -----------------------------------------------------------------------------------
 class Joins:
-    """Indexes over all claims, slices and classes, and the stores of the joined families."""
+    """Indexes over all claims, slices and classes, and the stores of the joined families that
+    ``select`` serves (a store none of whose families is served is None)."""
 
     def __init__(
         self,
@@ -400,15 +434,39 @@ class Joins:
         otlp: bool = False,
         segment_size: int = SEGMENT,
         clock: Callable[[], float] = time.time,
+        select: FamilySelection = EVERYTHING,
     ) -> None:
         self.shard = shard or Shard()
         common: dict[str, Any] = {"otlp": otlp, "segment_size": segment_size}
-        self.slice_usage: SeriesStore[SliceUsage] = SeriesStore("slice usage", SLICE_FAMILIES, **common)
-        self.pools: SeriesStore[PoolState] = SeriesStore("resource pools", POOL_FAMILIES, **common)
-        self.costs: SeriesStore[ClaimCost] = SeriesStore("claim costs", COST_FAMILIES, **common)
-        self.leaked: SeriesStore[LeakedClaim] = SeriesStore("leaked claims", LEAK_FAMILIES, **common)
-        self.stores: list[SeriesStore[Any]] = [self.slice_usage, self.pools, self.costs, self.leaked]
-        self.leaks = LeakClock(self.leaked, leak_grace, clock)
+        slice_families = select.select(SLICE_FAMILIES)
+        pool_families = select.select(POOL_FAMILIES)
+        cost_families = select.select(COST_FAMILIES)
+        leak_families = select.select(LEAK_FAMILIES)
+        self.slice_usage: SeriesStore[SliceUsage] | None = (
+            SeriesStore("slice usage", slice_families, **common) if slice_families else None
+        )
+        self.pools: SeriesStore[PoolState] | None = (
+            SeriesStore("resource pools", pool_families, **common) if pool_families else None
+        )
+        self.costs: SeriesStore[ClaimCost] | None = (
+            SeriesStore("claim costs", cost_families, **common) if cost_families else None
+        )
+        self.leaked: SeriesStore[LeakedClaim] | None = (
+            SeriesStore("leaked claims", leak_families, **common) if leak_families else None
+        )
+        self.stores: list[SeriesStore[Any]] = [
+            s for s in (self.slice_usage, self.pools, self.costs, self.leaked) if s is not None
+        ]
+        self.leaks = LeakClock(self.leaked, leak_grace, clock) if self.leaked is not None else None
+        served: tuple[Family[Any], ...] = (*slice_families, *pool_families, *cost_families, *leak_families)
+        self.reads: frozenset[str] = frozenset(r for f in served for r in f.reads)
+        # What the served families need: slices evaluated against the claims' allocations (and
+        # the taint rules, for free devices), and each slice's per-node counts for the pool sums.
+        evaluated: tuple[Family[Any], ...] = (*slice_families, *(f for f in pool_families if f in POOL_COUNT_FAMILIES))
+        self._evaluate = bool(evaluated)
+        self._allocations = any(CLAIMS in f.reads for f in evaluated)
+        self._tainting = any(RULES in f.reads for f in evaluated)
+        self._counting = any(f in POOL_COUNT_FAMILIES for f in pool_families)
         self._lock = threading.Lock()
         # Every object, whichever shard renders it.
         self._slices: dict[str, Slice] = {}
@@ -430,11 +488,17 @@ class Joins:
         self._restructured: set[PoolKey] = set()
         self._cost_updates: list[tuple[str, ClaimCost | None]] = []
 
-    # --- listeners (one reflector thread each) ----------------------------------------------------
+    # --- listeners (one reflector thread each; a listener is only wired when its resource is in
+    # ``reads``, and does only the work of the stores that exist) -----------------------------------
     def claims_changed(self, changes: list[Change[Claim]]) -> None:
         with self._lock:
             for key, old, new, owned in changes:
-                self._claim(key, old, new, owned)
+                if self._allocations:
+                    self._claim_uses(key, old, new)
+                if self.costs is not None:
+                    self._claim_cost(key, new, owned)
+                if self.leaks is not None:
+                    self._claim_leak(key, new, owned)
             self._flush()
 
     def slices_changed(self, changes: list[Change[Slice]]) -> None:
@@ -444,6 +508,8 @@ class Joins:
             self._flush()
 
     def classes_changed(self, changes: list[Change[DeviceClass]]) -> None:
+        if self.costs is None:
+            return
         with self._lock:
             repriced: set[str] = set()
             for key, old, new, _owned in changes:
@@ -458,6 +524,8 @@ class Joins:
             self.costs.update((k, self._price(self._priced[k])) for k in sorted(repriced) if k in self._priced)
 
     def rules_changed(self, changes: list[Change[DeviceTaintRule]]) -> None:
+        if not self._tainting:
+            return
         with self._lock:
             for key, old, new, _owned in changes:
                 if new is not None and new.evaluable and new.effect in BLOCKING_EFFECTS:
@@ -480,41 +548,46 @@ class Joins:
 
     def tick(self) -> None:
         """Bring time-based series up to date (called before each scrape and push)."""
-        self.leaks.tick()
+        if self.leaks is not None:
+            self.leaks.tick()
 
     # --- claims ---------------------------------------------------------------------------------------
-    def _claim(self, key: str, old: Claim | None, new: Claim | None, owned: bool) -> None:
+    def _claim_uses(self, key: str, old: Claim | None, new: Claim | None) -> None:
         before, after = _claim_uses(old), _claim_uses(new)
-        if before != after:
-            for dev in before.keys() | after.keys():
-                use = after.get(dev)
-                if before.get(dev) == use:
-                    continue
-                claims = self._uses.get(dev)
-                if use is None:
-                    if claims is not None:
-                        claims.pop(key, None)
-                        if not claims:
-                            del self._uses[dev]
-                else:
-                    if claims is None:
-                        claims = self._uses[dev] = {}
-                    claims[key] = use
-                self._dirty_slices.update(self._device_slices.get(dev, ()))
-        # Cost and leaks are rendered by the claim's own shard.
+        if before == after:
+            return
+        for dev in before.keys() | after.keys():
+            use = after.get(dev)
+            if before.get(dev) == use:
+                continue
+            claims = self._uses.get(dev)
+            if use is None:
+                if claims is not None:
+                    claims.pop(key, None)
+                    if not claims:
+                        del self._uses[dev]
+            else:
+                if claims is None:
+                    claims = self._uses[dev] = {}
+                claims[key] = use
+            self._dirty_slices.update(self._device_slices.get(dev, ()))
+
+    # Cost and leaks are rendered by the claim's own shard.
+    def _claim_cost(self, key: str, new: Claim | None, owned: bool) -> None:
         self._unindex_classes(key)
         if owned and new is not None and new.has_allocation:
             self._priced[key] = new
             for deviceclass in _classes_of(new):
                 self._claims_of_class.setdefault(deviceclass, set()).add(key)
             self._cost_updates.append((key, self._price(new)))
-            if new.reserved == 0:
-                self.leaks.watch(key, new)
-            else:
-                self.leaks.forget(key)
+        elif self._priced.pop(key, None) is not None:
+            self._cost_updates.append((key, None))
+
+    def _claim_leak(self, key: str, new: Claim | None, owned: bool) -> None:
+        assert self.leaks is not None
+        if owned and new is not None and new.has_allocation and new.reserved == 0:
+            self.leaks.watch(key, new)
         else:
-            if self._priced.pop(key, None) is not None:
-                self._cost_updates.append((key, None))
             self.leaks.forget(key)
 
     def _unindex_classes(self, key: str) -> None:
@@ -559,6 +632,37 @@ class Joins:
     # --- slices ---------------------------------------------------------------------------------------
     def _slice(self, key: str, old: Slice | None, new: Slice | None, owned: bool) -> None:
         if old is not None:
+            self._unindex_slice(key, old)
+        if new is None:
+            self._slices.pop(key, None)
+            self._owned_slices.discard(key)
+            self._contribution.pop(key, None)
+            if self.slice_usage is not None:
+                self.slice_usage.remove(key)
+            return
+        self._slices[key] = new
+        if self._tainting:
+            self._slices_of_driver.setdefault(new.driver, set()).add(key)
+        if owned:
+            self._owned_slices.add(key)
+        else:
+            self._owned_slices.discard(key)
+        if self._allocations:
+            for d in new.devices:
+                dev = (new.driver, new.pool, d.name)
+                holders = self._device_slices.get(dev, ())
+                if key not in holders:
+                    self._device_slices[dev] = (*holders, key)
+        if self.pools is not None:
+            pool = (new.driver, new.pool)
+            self._pools.setdefault(pool, {}).setdefault(new.generation, set()).add(key)
+            self._dirty_pools.add(pool)
+            self._restructured.add(pool)
+        if self._evaluate:
+            self._dirty_slices.add(key)
+
+    def _unindex_slice(self, key: str, old: Slice) -> None:
+        if self._allocations:
             for d in old.devices:
                 dev = (old.driver, old.pool, d.name)
                 keys = tuple(k for k in self._device_slices.get(dev, ()) if k != key)
@@ -566,6 +670,7 @@ class Joins:
                     self._device_slices[dev] = keys
                 else:
                     self._device_slices.pop(dev, None)
+        if self.pools is not None:
             pool = (old.driver, old.pool)
             generations = self._pools.get(pool, {})
             members = generations.get(old.generation)
@@ -575,33 +680,12 @@ class Joins:
                     del generations[old.generation]
             self._dirty_pools.add(pool)
             self._restructured.add(pool)
+        if self._tainting:
             of_driver = self._slices_of_driver.get(old.driver)
             if of_driver is not None:
                 of_driver.discard(key)
                 if not of_driver:
                     del self._slices_of_driver[old.driver]
-        if new is None:
-            self._slices.pop(key, None)
-            self._owned_slices.discard(key)
-            self._contribution.pop(key, None)
-            self.slice_usage.remove(key)
-            return
-        self._slices[key] = new
-        self._slices_of_driver.setdefault(new.driver, set()).add(key)
-        if owned:
-            self._owned_slices.add(key)
-        else:
-            self._owned_slices.discard(key)
-        for d in new.devices:
-            dev = (new.driver, new.pool, d.name)
-            holders = self._device_slices.get(dev, ())
-            if key not in holders:
-                self._device_slices[dev] = (*holders, key)
-        pool = (new.driver, new.pool)
-        self._pools.setdefault(pool, {}).setdefault(new.generation, set()).add(key)
-        self._dirty_pools.add(pool)
-        self._restructured.add(pool)
-        self._dirty_slices.add(key)
 
     def _uses_of(self, dev: DevKey) -> Iterable[Use]:
         claims = self._uses.get(dev)
@@ -609,21 +693,24 @@ class Joins:
 
     # --- batch end: evaluate what changed ----------------------------------------------------------
     def _flush(self) -> None:
-        self.costs.update(self._cost_updates)
-        self._cost_updates = []
+        if self.costs is not None:
+            self.costs.update(self._cost_updates)
+            self._cost_updates = []
         usage_updates: list[tuple[str, SliceUsage | None]] = []
         for key in sorted(self._dirty_slices):
             s = self._slices.get(key)
             if s is None:
                 continue
             usage, contribution = evaluate(s, self._uses_of, self._rules_for(s) if self._rules else ())
-            if self._contribution.get(key) != contribution:
+            if self._counting and self._contribution.get(key) != contribution:
                 self._contribution[key] = contribution
                 self._dirty_pools.add((s.driver, s.pool))
             usage_updates.append((key, usage if key in self._owned_slices else None))
         self._dirty_slices.clear()
-        self.slice_usage.update(usage_updates)
-
+        if self.slice_usage is not None:
+            self.slice_usage.update(usage_updates)
+        if self.pools is None:
+            return
         pool_updates: list[tuple[str, PoolState | None]] = []
         for pool in sorted(self._dirty_pools):
             name = f"{pool[0]}/{pool[1]}"
@@ -675,7 +762,7 @@ class Joins:
                 "slices": len(self._slices),
                 "devices_in_use": len(self._uses),
                 "pools": len(self._pools),
-                "leak_clock": len(self.leaks),
+                "leak_clock": len(self.leaks) if self.leaks is not None else 0,
             }
 
 

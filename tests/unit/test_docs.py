@@ -7,8 +7,7 @@ from pathlib import Path
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader, Sum
 
-from otel_dra.cluster import deviceclass, devicetaintrule, joins, resourceclaim, resourceslice
-from otel_dra.cluster.exporter import ClusterState
+from otel_dra.cluster.exporter import ClusterState, all_families
 from otel_dra.kube.client import RequestRecord
 from otel_dra.plugin import driver as plugin_driver
 from otel_dra.plugin import metrics as plugin_metrics
@@ -31,16 +30,9 @@ def _fmt_labels(labels) -> str:
     return ", ".join(labels)
 
 
-def _state_families():
-    for module in (resourceclaim, resourceslice, deviceclass, devicetaintrule):
-        yield from module.FAMILIES
-        yield from module.STATE_FAMILIES
-    yield from joins.ALL_FAMILIES
-
-
 def test_state_families_documented():
     rows = _table_rows()
-    for fam in _state_families():
+    for fam in all_families():
         g = fam.gauge
         assert fam.gauge.name in rows, f"{g.name} missing from docs/metrics.md"
         _otel, unit, prom, kind, labels, stability, _ = rows.pop(g.name)
