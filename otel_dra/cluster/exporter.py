@@ -136,12 +136,15 @@ class ClusterState:
         self.shard = shard
         self.joins = Joins(shard=shard, leak_grace=leak_grace, otlp=otlp, select=families)
         own = object_families(device_attributes)
+        # The slim objects keep only the optional fields that a served family reads.
+        serving = [*(f for fs in own.values() for f in families.select(fs)), *self.joins.families]
+        keep = {name for f in serving for name in f.fields}
         # (resource, parser, which objects this replica renders, the joins' listener, discovery)
         resources: list[tuple[ResourceType, Parser[Any], Any, Listener[Any], Any]] = [
-            (resourceclaim.RESOURCE, resourceclaim.parse, shard.owns, self.joins.claims_changed, None),
+            (resourceclaim.RESOURCE, resourceclaim.make_parser(keep), shard.owns, self.joins.claims_changed, None),
             (
                 resourceslice.RESOURCE,
-                resourceslice.make_parser(device_attributes),
+                resourceslice.make_parser(device_attributes, keep),
                 shard.owns,
                 self.joins.slices_changed,
                 None,

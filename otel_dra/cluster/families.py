@@ -27,6 +27,10 @@ class Family(Generic[T]):
     # The watched resources (plural names) whose objects the values are computed from, for the
     # families of otel_dra/cluster/joins.py; a per-object family reads its own resource only.
     reads: tuple[str, ...] = ()
+    # The optional fields of the slim objects (the FIELDS of resourceclaim and resourceslice; their
+    # names are unique across the slim types) that the samples read; a store keeps only the fields
+    # some served family reads.
+    fields: tuple[str, ...] = ()
 
     @property
     def prom_name(self) -> str:
@@ -41,5 +45,6 @@ def family(
     samples: Callable[[T], Iterable[Sample]],
     stability: str = "stable",
     reads: tuple[str, ...] = (),
+    fields: tuple[str, ...] = (),
 ) -> Family[T]:
-    return Family(GaugeFamily(name, unit, description, labels), stability, samples, reads)
+    return Family(GaugeFamily(name, unit, description, labels), stability, samples, reads, fields)

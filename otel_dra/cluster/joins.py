@@ -56,6 +56,9 @@ Use = tuple[int, Amounts]  # allocation results naming a device, and their summe
 # The resources the joined families read (Family.reads).
 CLAIMS, SLICES = RESOURCECLAIMS.plural, RESOURCESLICES.plural
 CLASSES, RULES = DEVICECLASSES.plural, DEVICETAINTRULES.plural
+# The optional slim fields (Family.fields) that evaluating a slice reads: every family computed by
+# evaluate() keeps them all, so that its inputs are complete whichever of them is served.
+EVALUATED = ("results", "capacities", "defaults", "taints", "counters", "counter_sets")
 
 # Reasons an allocation result cannot be priced (kube_resourceclaim_unpriced_devices).
 CLASS_NOT_FOUND = "class_not_found"
@@ -127,6 +130,7 @@ SLICE_FAMILIES: tuple[Family[SliceUsage], ...] = (
         _allocated,
         stability="experimental",
         reads=(SLICES, CLAIMS),
+        fields=EVALUATED,
     ),
     family(
         "kube_resourceslice_device_allocated_capacity",
@@ -136,6 +140,7 @@ SLICE_FAMILIES: tuple[Family[SliceUsage], ...] = (
         _allocated_capacity,
         stability="experimental",
         reads=(SLICES, CLAIMS),
+        fields=EVALUATED,
     ),
     family(
         "kube_resourceslice_counter_set_free",
@@ -145,6 +150,7 @@ SLICE_FAMILIES: tuple[Family[SliceUsage], ...] = (
         _counters_free,
         stability="experimental",
         reads=(SLICES, CLAIMS),
+        fields=EVALUATED,
     ),
 )
 
@@ -209,6 +215,7 @@ POOL_COUNT_FAMILIES: tuple[Family[PoolState], ...] = (
         _pool_count(1),
         stability="experimental",
         reads=(SLICES,),
+        fields=EVALUATED,
     ),
     family(
         "kube_resourcepool_devices_allocated",
@@ -218,6 +225,7 @@ POOL_COUNT_FAMILIES: tuple[Family[PoolState], ...] = (
         _pool_count(2),
         stability="experimental",
         reads=(SLICES, CLAIMS),
+        fields=EVALUATED,
     ),
     family(
         "kube_resourcepool_devices_free",
@@ -227,6 +235,7 @@ POOL_COUNT_FAMILIES: tuple[Family[PoolState], ...] = (
         _pool_count(3),
         stability="experimental",
         reads=(SLICES, CLAIMS, RULES),
+        fields=EVALUATED,
     ),
 )
 
@@ -252,6 +261,7 @@ COST_FAMILIES: tuple[Family[ClaimCost], ...] = (
         _cost,
         stability="experimental",
         reads=(CLAIMS, CLASSES),
+        fields=("results", "request_classes"),
     ),
     family(
         "kube_resourceclaim_unpriced_devices",
@@ -261,6 +271,7 @@ COST_FAMILIES: tuple[Family[ClaimCost], ...] = (
         _unpriced,
         stability="experimental",
         reads=(CLAIMS, CLASSES),
+        fields=("results", "request_classes"),
     ),
 )
 
@@ -278,6 +289,7 @@ LEAK_FAMILIES: tuple[Family[LeakedClaim], ...] = (
         _leaked,
         stability="experimental",
         reads=(CLAIMS,),
+        fields=("status_time",),
     ),
 )
 
@@ -458,8 +470,8 @@ class Joins:
             s for s in (self.slice_usage, self.pools, self.costs, self.leaked) if s is not None
         ]
         self.leaks = LeakClock(self.leaked, leak_grace, clock) if self.leaked is not None else None
-        served: tuple[Family[Any], ...] = (*slice_families, *pool_families, *cost_families, *leak_families)
-        self.reads: frozenset[str] = frozenset(r for f in served for r in f.reads)
+        self.families: tuple[Family[Any], ...] = (*slice_families, *pool_families, *cost_families, *leak_families)
+        self.reads: frozenset[str] = frozenset(r for f in self.families for r in f.reads)
         # What the served families need: slices evaluated against the claims' allocations (and
         # the taint rules, for free devices), and each slice's per-node counts for the pool sums.
         evaluated: tuple[Family[Any], ...] = (*slice_families, *(f for f in pool_families if f in POOL_COUNT_FAMILIES))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,9 +166,21 @@ def _amounts(raw: Any, what: str, report: Callable[[str], None]) -> Amounts:
     return tuple(out)
 
 
+# The fields of Slice and Device that only some families read (Family.fields); a parser made for a
+# set of them leaves the others at their defaults (memory: a family that is off keeps nothing).
+FIELDS = frozenset(
+    {"capacity", "type", "product_name", "parent_uuid", "info", "capacities", "defaults", "taints", "counters"}
+    | {"counter_sets"}
+)
+
+
 def make_parser(
     attributes: DeviceAttributes = DEFAULT_ATTRIBUTES,
+    keep: Collection[str] = FIELDS,
 ) -> Callable[[dict[str, Any], Callable[[str], None]], Slice]:
+    """A parser that fills only the optional fields in ``keep`` (names of other types ignored)."""
+    wanted = FIELDS.intersection(keep)
+
     def parse(obj: dict[str, Any], report: Callable[[str], None]) -> Slice:
         meta = obj.get("metadata") or {}
         spec = obj.get("spec")
@@ -189,9 +201,9 @@ def make_parser(
             if not isinstance(dev, dict) or not isinstance(dev.get("name"), str):
                 report(f"spec.devices[{i}] has no name; skipped")
                 continue
-            devices.append(_device(dev, per_device, slice_node, driver, attributes, report))
+            devices.append(_device(dev, per_device, slice_node, driver, attributes, wanted, report))
         counter_sets = []
-        raw_sets = spec.get("sharedCounters") or []
+        raw_sets = (spec.get("sharedCounters") or []) if "counter_sets" in wanted else []
         for i, counter_set in enumerate(raw_sets if isinstance(raw_sets, list) else []):
             if not isinstance(counter_set, dict) or not isinstance(counter_set.get("name"), str):
                 report(f"spec.sharedCounters[{i}] has no name; skipped")
@@ -218,6 +230,7 @@ def _device(
     slice_node: str,
     driver: str,
     attributes: DeviceAttributes,
+    keep: frozenset[str],
     report: Callable[[str], None],
 ) -> Device:
     name = dev["name"]
@@ -226,11 +239,13 @@ def _device(
     node = dev.get("nodeName") if per_device else slice_node
     attrs = dev.get("attributes") or {}
     raw_capacity = dev.get("capacity") or {}
-    capacities = _amounts(raw_capacity, f"device {name}: capacity", report)
+    capacities: Amounts = ()
+    if not keep.isdisjoint(("capacity", "capacities", "defaults")):
+        capacities = _amounts(raw_capacity, f"device {name}: capacity", report)
     by_name = dict(capacities)
     multi = dev.get("allowMultipleAllocations") is True
     defaults: list[float] = []
-    if multi:
+    if multi and "defaults" in keep:
         for cap, value in capacities:
             policy = (raw_capacity.get(cap) or {}).get("requestPolicy")
             default = value
@@ -241,12 +256,12 @@ def _device(
                     report(f"device {name}: capacity {cap}: requestPolicy.default: {exc}")
             defaults.append(default)
     taints = []
-    raw_taints = dev.get("taints") or []
+    raw_taints = (dev.get("taints") or []) if "taints" in keep else []
     for taint in raw_taints if isinstance(raw_taints, list) else []:
         if isinstance(taint, dict) and isinstance(taint.get("key"), str):
             taints.append((taint["key"], str(taint.get("value") or ""), str(taint.get("effect") or "")))
     counters = []
-    raw_counters = dev.get("consumesCounters") or []
+    raw_counters = (dev.get("consumesCounters") or []) if "counters" in keep else []
     for consumption in raw_counters if isinstance(raw_counters, list) else []:
         if isinstance(consumption, dict) and isinstance(consumption.get("counterSet"), str):
             set_name = consumption["counterSet"]
@@ -259,12 +274,12 @@ def _device(
     return Device(
         name=name,
         node_name=node if isinstance(node, str) else "",
-        type=_string_attribute(attrs, "type"),
-        product_name=_string_attribute(attrs, "productName"),
-        parent_uuid=_string_attribute(attrs, "parentUUID"),
-        capacity=tuple(by_name.get(cap) for cap in CAPACITIES),
-        info=attributes.values(attrs, driver),
-        capacities=capacities,
+        type=_string_attribute(attrs, "type") if "type" in keep else "",
+        product_name=_string_attribute(attrs, "productName") if "product_name" in keep else "",
+        parent_uuid=_string_attribute(attrs, "parentUUID") if "parent_uuid" in keep else "",
+        capacity=tuple(by_name.get(cap) for cap in CAPACITIES) if "capacity" in keep else (None,) * len(CAPACITIES),
+        info=attributes.values(attrs, driver) if "info" in keep else (),
+        capacities=capacities if "capacities" in keep else (),
         defaults=tuple(defaults),
         taints=tuple(taints),
         counters=tuple(counters),
@@ -300,6 +315,8 @@ def _capacity(index: int) -> Callable[[Slice], Iterable[Sample]]:
     return samples
 
 
+SEED_FIELDS = ("capacity", "type", "product_name", "parent_uuid")
+
 # The seed's compatibility families: names, labels and values kept byte for byte.
 FAMILIES: tuple[Family[Slice], ...] = (
     family(
@@ -308,6 +325,7 @@ FAMILIES: tuple[Family[Slice], ...] = (
         "Device memory capacity in bytes, from the device's capacity.memory.",
         LABELS,
         _capacity(0),
+        fields=SEED_FIELDS,
     ),
     family(
         "kube_resourceslice_device_capacity_multiprocessors",
@@ -315,6 +333,7 @@ FAMILIES: tuple[Family[Slice], ...] = (
         "Device streaming-multiprocessor count, from the device's capacity.multiprocessors.",
         LABELS,
         _capacity(1),
+        fields=SEED_FIELDS,
     ),
     family(
         "kube_resourceslice_device_capacity_decoders",
@@ -322,6 +341,7 @@ FAMILIES: tuple[Family[Slice], ...] = (
         "Device video-decoder count, from the device's capacity.decoders.",
         LABELS,
         _capacity(2),
+        fields=SEED_FIELDS,
     ),
 )
 
@@ -368,6 +388,7 @@ def state_families(attributes: DeviceAttributes = DEFAULT_ATTRIBUTES) -> tuple[F
             (*DEVICE_LABELS, *attributes.labels),
             _info,
             stability="experimental",
+            fields=("info",),
         ),
         family(
             "kube_resourceslice_device_capacity",
@@ -376,6 +397,7 @@ def state_families(attributes: DeviceAttributes = DEFAULT_ATTRIBUTES) -> tuple[F
             (*DEVICE_LABELS, "capacity"),
             _all_capacities,
             stability="experimental",
+            fields=("capacities",),
         ),
         family(
             "kube_resourceslice_device_taint",
@@ -384,6 +406,7 @@ def state_families(attributes: DeviceAttributes = DEFAULT_ATTRIBUTES) -> tuple[F
             (*DEVICE_LABELS, "key", "value", "effect"),
             _taints,
             stability="experimental",
+            fields=("taints",),
         ),
         family(
             "kube_resourceslice_counter_set_capacity",
@@ -392,6 +415,7 @@ def state_families(attributes: DeviceAttributes = DEFAULT_ATTRIBUTES) -> tuple[F
             COUNTER_LABELS,
             _counter_capacity,
             stability="experimental",
+            fields=("counter_sets",),
         ),
         family(
             "kube_resourceslice_pool_generation",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import random
 import tracemalloc
 from types import SimpleNamespace
 from typing import Any
@@ -148,6 +149,14 @@ def test_seed_only_builds_the_three_seed_stores_and_nothing_else():
     assert s.taint_rules is None and [r.resource.plural for r in s.reflectors] == list(watched(s))
     assert s.joins.stores == [] and s.joins.reads == frozenset() and s.joins.leaks is None
     assert [f.prom_name for st in s.series_stores for f in st.families] == list(SEED_NAMES)
+    # The slim objects keep what the seed families read, and nothing the families that are off read.
+    golden(s)
+    claims = [c for c in s.claims.objects() if c.has_allocation] if s.claims else []
+    assert claims and all(c.allocated and not (c.results or c.request_classes or c.conditions) for c in claims)
+    assert all(c.created is c.allocation_time is c.status_time is None for c in claims)
+    devices = [d for sl in (s.slices.objects() if s.slices else []) for d in sl.devices]
+    assert any(d.capacity[0] is not None for d in devices)
+    assert not any(d.info or d.capacities or d.taints or d.counters or d.defaults for d in devices)
 
 
 @pytest.mark.parametrize(
@@ -219,6 +228,12 @@ def test_each_family_alone_is_what_it_is_among_all():
     assert seed == {n: everything[n] for n in SEED_NAMES}
     rest = golden(state(deny(",".join(SEED_NAMES)), leak_grace=1.0))
     assert rest == {n: v for n, v in everything.items() if n not in SEED_NAMES}
+    # Any mix: what the slim objects keep and the joins compute for some families is enough for each.
+    rng = random.Random(13)
+    for _ in range(30):
+        names = rng.sample(NAMES, rng.randint(2, 8))
+        got = golden(state(allow(",".join(names)), leak_grace=1.0))
+        assert got == {n: everything[n] for n in NAMES if n in names}, names
 
 
 def test_otlp_carries_the_served_families_only():
