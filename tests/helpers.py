@@ -23,6 +23,39 @@ SEED_FAMILIES = (
 )
 
 
+def pool_wide_counters() -> bool:
+    """Whether the testbed's Kubernetes (OTEL_DRA_KUBERNETES_VERSION) is 1.35 or later, where shared
+    counters are pool-wide and may not share a slice with devices."""
+    from otel_dra.testbed.build import kubernetes_release
+
+    return tuple(map(int, kubernetes_release().minor.split("."))) >= (1, 35)
+
+
+def shaped_for_testbed(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """An object written in Kubernetes 1.34's shapes, as the testbed's minor accepts it.
+
+    Since 1.35 "only one of sharedCounters or devices" may be set in a slice: a slice with both
+    becomes a counters slice ``<name>-counters`` and its devices' slice, one more slice of the same
+    pool. DeviceTaintRules are created in the API version that minor serves."""
+    from otel_dra.testbed.build import kubernetes_release
+    from otel_dra.testbed.controlplane import RELEASE_SETTINGS
+
+    if obj["kind"] == "DeviceTaintRule":
+        api = RELEASE_SETTINGS[kubernetes_release().minor].taint_rule_api or "resource.k8s.io/v1"
+        return [{**obj, "apiVersion": api}]
+    spec = obj.get("spec") or {}
+    if obj["kind"] != "ResourceSlice" or not pool_wide_counters() or not spec.get("sharedCounters"):
+        return [obj]
+    pool = {**spec["pool"], "resourceSliceCount": spec["pool"]["resourceSliceCount"] + 1}
+    devices = {k: v for k, v in spec.items() if k != "sharedCounters"}
+    counters = {k: v for k, v in spec.items() if k != "devices"}
+    name = obj["metadata"]["name"]
+    return [
+        {**obj, "metadata": {**obj["metadata"], "name": f"{name}-counters"}, "spec": {**counters, "pool": pool}},
+        {**obj, "spec": {**devices, "pool": pool}},
+    ]
+
+
 def check_golden(path: Path, got: str) -> None:
     """Compare ``got`` with the golden file ``path``; with UPDATE_GOLDEN=1 (``make golden``) write it
     instead. A regenerated file is only right once its diff has been read line by line."""
@@ -132,18 +165,61 @@ def claim_pod(name: str, namespace: str, claim: str, node: str | None = None) ->
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
 
 
-def state_families() -> dict[str, str]:
-    """Prometheus name -> OTel instrument name of every cluster-state family beyond the seed."""
+def device_claim(name: str, namespace: str, device_class: str, selector: str | None = None) -> dict[str, Any]:
+    """A ResourceClaim for one device of ``device_class`` (matching the CEL ``selector``, if given)."""
+    exactly: dict[str, Any] = {"deviceClassName": device_class}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "dev", "exactly": exactly}]}},
+    }
+
+
+def pod_scheduled(client: Any, namespace: str, name: str) -> bool | None:
+    """True once the pod is bound, False once the scheduler says it cannot place it, else None."""
+    pod = client.get_json(f"/api/v1/namespaces/{namespace}/pods/{name}")
+    if pod["spec"].get("nodeName"):
+        return True
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+            return False
+    return None
+
+
+def place(client: Any, namespace: str, name: str, node: str, device_class: str, selector: str | None = None) -> bool:
+    """Create a claim for one device and a pod on ``node`` using it (both called ``name``); whether
+    the real scheduler placed the pod."""
+    from otel_dra.fixtures import create
+
+    create(client, device_claim(name, namespace, device_class, selector))
+    create(client, claim_pod(name, namespace, name, node=node))
+    placed = wait_until(
+        lambda: (lambda r: None if r is None else ("yes" if r else "no"))(pod_scheduled(client, namespace, name)),
+        timeout=60,
+        what=f"the scheduler to decide on pod {name}",
+    )
+    return bool(placed == "yes")
+
+
+def state_family_objects() -> list[Any]:
+    """Every cluster-state family beyond the seed (otel_dra.cluster.families.Family)."""
     from otel_dra.cluster import deviceclass, devicetaintrule, joins, resourceclaim, resourceslice
 
-    families = [
+    return [
         *resourceclaim.STATE_FAMILIES,
         *resourceslice.STATE_FAMILIES,
         *deviceclass.STATE_FAMILIES,
         *devicetaintrule.STATE_FAMILIES,
         *joins.ALL_FAMILIES,
     ]
-    return {f.prom_name: f.gauge.name for f in families}
+
+
+def state_families() -> dict[str, str]:
+    """Prometheus name -> OTel instrument name of every cluster-state family beyond the seed."""
+    return {f.prom_name: f.gauge.name for f in state_family_objects()}
 
 
 def rbac_kubeconfig(testbed: Any, name: str, verbs: str, namespace: str = "rbac-test") -> str:

@@ -123,6 +123,14 @@ def add_parser(sub: Any) -> None:
             default=None,
             type=_metric_list(allow),
         )
+    add_flag(
+        p,
+        "--watch-pods",
+        "OTEL_DRA_WATCH_PODS",
+        "watch pods for kube_pod_resourceclaim_info and device health (needs list and watch on pods)",
+        default=True,
+        type=boolean,
+    )
     p.set_defaults(func=cmd_exporter)
 
 
@@ -197,6 +205,7 @@ def start_exporter(
     device_attributes: Any = None,
     leak_grace: float = 600.0,
     families: Any = None,
+    watch_pods: bool = True,
 ) -> ExporterApp:
     from otel_dra.cluster.exporter import ClusterState
     from otel_dra.kube.client import KubeClient, load_credentials
@@ -226,6 +235,7 @@ def start_exporter(
         page_size=page_size,
         shard=shard,
         leak_grace=leak_grace,
+        pods=watch_pods,
         **({"device_attributes": device_attributes} if device_attributes is not None else {}),
         **({"families": families} if families is not None else {}),
     )
@@ -298,6 +308,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
             device_attributes=args.device_attributes,
             leak_grace=args.leak_grace_period,
             families=families,
+            watch_pods=args.watch_pods,
         )
     except (CredentialsError, ConfigError) as exc:
         log.error("%s", exc)

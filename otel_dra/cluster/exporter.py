@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
 from otel_dra import __version__
-from otel_dra.cluster import deviceclass, devicetaintrule, joins, resourceclaim, resourceslice
+from otel_dra.cluster import deviceclass, devicetaintrule, joins, pod, resourceclaim, resourceslice
 from otel_dra.cluster.families import Family
 from otel_dra.cluster.joins import Joins
 from otel_dra.cluster.resourceslice import DEFAULT_ATTRIBUTES, DeviceAttributes
@@ -88,6 +88,15 @@ class _SelfMetrics:
         self.watch_errors.add(1, {"resource": resource, "code": str(status)})
 
 
+def _always(resource: ResourceType) -> Callable[[KubeClient], ResourceType | None]:
+    """Discovery of a resource every API server serves (its absence can only be RBAC's)."""
+
+    def discover(client: KubeClient) -> ResourceType | None:
+        return resource
+
+    return discover
+
+
 def object_families(
     device_attributes: DeviceAttributes = DEFAULT_ATTRIBUTES,
 ) -> dict[str, tuple[Family[Any], ...]]:
@@ -97,6 +106,7 @@ def object_families(
         resourceslice.RESOURCE.plural: resourceslice.FAMILIES + resourceslice.state_families(device_attributes),
         deviceclass.RESOURCE.plural: deviceclass.FAMILIES + deviceclass.STATE_FAMILIES,
         devicetaintrule.RESOURCE.plural: devicetaintrule.FAMILIES + devicetaintrule.STATE_FAMILIES,
+        pod.RESOURCE.plural: pod.STATE_FAMILIES,
     }
 
 
@@ -110,13 +120,13 @@ def all_families() -> tuple[Family[Any], ...]:
 
 
 class ClusterState:
-    """Watches ResourceClaims, ResourceSlices, DeviceClasses (and DeviceTaintRules where served)
-    and serves their families and the joins across them.
+    """Watches ResourceClaims, ResourceSlices, DeviceClasses (and DeviceTaintRules where served,
+    pods where allowed and wanted: ``pods``) and serves their families and the joins across them.
 
     Only the families ``families`` selects are built (see otel_dra/cluster/selection.py); a
     resource is watched only when one of them needs it, its own or a join's (``Joins.reads``).
-    ``stores`` holds the watched resources' stores; ``claims``, ``slices``, ``classes`` and
-    ``taint_rules`` are None for a resource that is not watched."""
+    ``stores`` holds the watched resources' stores; ``claims``, ``slices``, ``classes``,
+    ``taint_rules`` and ``pods`` are None for a resource that is not watched."""
 
     def __init__(
         self,
@@ -130,6 +140,7 @@ class ClusterState:
         device_attributes: DeviceAttributes = DEFAULT_ATTRIBUTES,
         leak_grace: float = 600.0,
         families: FamilySelection = EVERYTHING,
+        pods: bool = True,
     ) -> None:
         self._metrics = _SelfMetrics(meter_provider)
         shard = shard or Shard()
@@ -140,7 +151,7 @@ class ClusterState:
         serving = [*(f for fs in own.values() for f in families.select(fs)), *self.joins.families]
         keep = {name for f in serving for name in f.fields}
         # (resource, parser, which objects this replica renders, the joins' listener, discovery)
-        resources: list[tuple[ResourceType, Parser[Any], Any, Listener[Any], Any]] = [
+        resources: list[tuple[ResourceType, Parser[Any], Any, Listener[Any] | None, Any]] = [
             (resourceclaim.RESOURCE, resourceclaim.make_parser(keep), shard.owns, self.joins.claims_changed, None),
             (
                 resourceslice.RESOURCE,
@@ -159,6 +170,12 @@ class ClusterState:
                 devicetaintrule.discover,
             ),
         ]
+        if pods:
+            # Pods: their DRA references and device health (kube_pod_*). Optional like DeviceTaintRules:
+            # without list/watch on pods (RBAC), the exporter logs it once and serves the rest.
+            resources.append((pod.RESOURCE, pod.make_parser(keep), shard.owns, None, _always(pod.RESOURCE)))
+        else:
+            log.info("not watching pods: --watch-pods is off")
         self.stores: list[ObjectStore[Any]] = []
         self.reflectors: list[Reflector] = []
         by_resource: dict[str, ObjectStore[Any]] = {}
@@ -194,6 +211,7 @@ class ClusterState:
         self.slices = by_resource.get(resourceslice.RESOURCE.plural)
         self.classes = by_resource.get(deviceclass.RESOURCE.plural)
         self.taint_rules = by_resource.get(devicetaintrule.RESOURCE.plural)
+        self.pods = by_resource.get(pod.RESOURCE.plural)
         # Everything that renders series: the objects' own, then the joins'.
         self.series_stores: list[SeriesStore[Any]] = [*self.stores, *self.joins.stores]
         meter = meter_provider.get_meter(SCOPE, __version__)

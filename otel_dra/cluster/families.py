@@ -27,10 +27,13 @@ class Family(Generic[T]):
     # The watched resources (plural names) whose objects the values are computed from, for the
     # families of otel_dra/cluster/joins.py; a per-object family reads its own resource only.
     reads: tuple[str, ...] = ()
-    # The optional fields of the slim objects (the FIELDS of resourceclaim and resourceslice; their
+    # The optional fields of the slim objects (the FIELDS of resourceclaim, resourceslice and pod; their
     # names are unique across the slim types) that the samples read; a store keeps only the fields
     # some served family reads.
     fields: tuple[str, ...] = ()
+    # The oldest Kubernetes minor ("1.35") whose API serves what the family reads, when the family
+    # names one (docs/metrics.md says it); "" for every release the exporter supports.
+    kubernetes: str = ""
 
     @property
     def prom_name(self) -> str:
@@ -46,5 +49,6 @@ def family(
     stability: str = "stable",
     reads: tuple[str, ...] = (),
     fields: tuple[str, ...] = (),
+    kubernetes: str = "",
 ) -> Family[T]:
-    return Family(GaugeFamily(name, unit, description, labels), stability, samples, reads, fields)
+    return Family(GaugeFamily(name, unit, description, labels), stability, samples, reads, fields, kubernetes)

@@ -9,6 +9,8 @@ change touches:
 - a claim change re-evaluates the slices holding the devices its allocation names (before and
   after), and their pools; re-prices the claim; moves it on or off the leak clock;
 - a slice change re-evaluates the slice and its pool;
+- a change of what a pool's allocated devices consume from a shared counter set (a claim or a
+  slice change) re-evaluates the slices of that pool generation that define or consume that set;
 - a DeviceClass change re-prices the claims allocated through it;
 - a DeviceTaintRule change re-evaluates the slices of the driver (and pool) it selects (rules are
   few and change rarely).
@@ -26,11 +28,12 @@ resources the exporter must watch for the joins.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +44,7 @@ from otel_dra.cluster.devicetaintrule import DeviceTaintRule
 from otel_dra.cluster.families import Family, Sample, family
 from otel_dra.cluster.resourceclaim import RESOURCE as RESOURCECLAIMS
 from otel_dra.cluster.resourceclaim import Claim
-from otel_dra.cluster.resourceslice import BLOCKING_EFFECTS, COUNTER_LABELS, DEVICE_LABELS, Amounts, Slice
+from otel_dra.cluster.resourceslice import BLOCKING_EFFECTS, COUNTER_LABELS, DEVICE_LABELS, Amounts, Device, Slice
 from otel_dra.cluster.resourceslice import RESOURCE as RESOURCESLICES
 from otel_dra.cluster.selection import EVERYTHING, FamilySelection
 from otel_dra.cluster.sharding import Shard
@@ -51,14 +54,22 @@ log = logging.getLogger(__name__)
 
 DevKey = tuple[str, str, str]  # (driver, pool, device): how allocation results name a device
 PoolKey = tuple[str, str]  # (driver, pool)
+SetKey = tuple[str, str, int, str]  # (driver, pool, generation, counter set): a counter set shared pool-wide
 Use = tuple[int, Amounts]  # allocation results naming a device, and their summed consumedCapacity
+Sums = dict[str, dict[str, float]]  # counter set -> counter -> amount
+# For a counter set name of a slice's pool and generation: the counters that a slice of it defines
+# (empty when none does) and what the generation's allocated devices consume from them.
+CounterLookup = Callable[[str], tuple[Amounts, Mapping[str, float]]]
+# A slice's part of its pool's counts, [devices, allocated, free], by node, and for partitionable
+# devices (those consuming shared counters) by (node, partition type).
+Contribution = dict[str | tuple[str, str], list[int]]
 
 # The resources the joined families read (Family.reads).
 CLAIMS, SLICES = RESOURCECLAIMS.plural, RESOURCESLICES.plural
 CLASSES, RULES = DEVICECLASSES.plural, DEVICETAINTRULES.plural
 # The optional slim fields (Family.fields) that evaluating a slice reads: every family computed by
 # evaluate() keeps them all, so that its inputs are complete whichever of them is served.
-EVALUATED = ("results", "capacities", "defaults", "taints", "counters", "counter_sets")
+EVALUATED = ("results", "capacities", "defaults", "taints", "counters", "counter_sets", "partition_type")
 
 # Reasons an allocation result cannot be priced (kube_resourceclaim_unpriced_devices).
 CLASS_NOT_FOUND = "class_not_found"
@@ -83,7 +94,11 @@ class PoolState:
     generation: int
     incomplete: bool
     invalid: bool
-    nodes: tuple[tuple[str, int, int, int], ...]  # (node_name, devices, allocated, free); complete, valid pools
+    # Complete, valid pools only:
+    nodes: tuple[tuple[str, int, int, int], ...] = ()  # (node_name, devices, allocated, free)
+    # (node_name, partition type, devices, allocated, free), for the devices that consume counters
+    partitions: tuple[tuple[str, str, int, int, int], ...] = ()
+    counters: tuple[tuple[str, str, str, float, float], ...] = ()  # (node_name, set, counter, capacity, free)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +160,7 @@ SLICE_FAMILIES: tuple[Family[SliceUsage], ...] = (
     family(
         "kube_resourceslice_counter_set_free",
         "",
-        "Shared counter capacity left after what the slice's allocated devices consume.",
+        "Shared counter capacity left after what the allocated devices of the slice's pool consume.",
         COUNTER_LABELS,
         _counters_free,
         stability="experimental",
@@ -167,12 +182,33 @@ def _pool_invalid(p: PoolState) -> Iterable[Sample]:
     yield (p.driver, p.pool), 1.0 if p.invalid else 0.0
 
 
-def _pool_count(index: int) -> Callable[[PoolState], Iterable[Sample]]:
+def _pool_values(
+    rows: Callable[[PoolState], Iterable[Sequence[Any]]], keys: int, index: int
+) -> Callable[[PoolState], Iterable[Sample]]:
+    """Samples from the pool's rows: the first ``keys`` fields are label values, ``index`` the value."""
+
     def samples(p: PoolState) -> Iterable[Sample]:
-        for node in p.nodes:
-            yield (p.driver, p.pool, node[0]), float(node[index])
+        for row in rows(p):
+            yield (p.driver, p.pool, *row[:keys]), float(row[index])
 
     return samples
+
+
+def _pool_count(index: int) -> Callable[[PoolState], Iterable[Sample]]:
+    return _pool_values(lambda p: p.nodes, 1, index)
+
+
+def _partition_count(index: int) -> Callable[[PoolState], Iterable[Sample]]:
+    return _pool_values(lambda p: p.partitions, 2, index)
+
+
+def _pool_counter(index: int) -> Callable[[PoolState], Iterable[Sample]]:
+    return _pool_values(lambda p: p.counters, 3, index)
+
+
+POOL_NODE_LABELS = ("driver", "pool", "node_name")
+PARTITION_LABELS = (*POOL_NODE_LABELS, "partition_type")
+POOL_COUNTER_LABELS = (*POOL_NODE_LABELS, "counter_set", "counter")
 
 
 POOL_STATE_FAMILIES: tuple[Family[PoolState], ...] = (
@@ -197,21 +233,25 @@ POOL_STATE_FAMILIES: tuple[Family[PoolState], ...] = (
     family(
         "kube_resourcepool_invalid",
         "",
-        "1 when the pool's newest generation names a device twice (nothing is allocated from it).",
+        "1 when the pool's newest generation names a device or a counter set twice, or a device consumes a counter "
+        "that no slice of it defines (nothing is allocated from it).",
         ("driver", "pool"),
         _pool_invalid,
         stability="experimental",
         reads=(SLICES,),
+        # An undefined counter set or counter makes a pool invalid.
+        fields=("counters", "counter_sets"),
     ),
 )
 
-# The per-node counts: they need each slice evaluated (the allocated and free ones, the claims too).
+# The per-node counts and the pool's counter sets: they need each slice evaluated (the allocated and
+# free ones, the claims too; the free devices, the taint rules too).
 POOL_COUNT_FAMILIES: tuple[Family[PoolState], ...] = (
     family(
         "kube_resourcepool_devices",
         "{device}",
         "Devices in the pool's newest generation, per node (complete, valid pools only).",
-        ("driver", "pool", "node_name"),
+        POOL_NODE_LABELS,
         _pool_count(1),
         stability="experimental",
         reads=(SLICES,),
@@ -221,7 +261,7 @@ POOL_COUNT_FAMILIES: tuple[Family[PoolState], ...] = (
         "kube_resourcepool_devices_allocated",
         "{device}",
         "Allocated devices in the pool's newest generation, per node (adminAccess excluded).",
-        ("driver", "pool", "node_name"),
+        POOL_NODE_LABELS,
         _pool_count(2),
         stability="experimental",
         reads=(SLICES, CLAIMS),
@@ -231,11 +271,71 @@ POOL_COUNT_FAMILIES: tuple[Family[PoolState], ...] = (
         "kube_resourcepool_devices_free",
         "{device}",
         "Devices a new request could get now, per node: unallocated, shared counters left, not tainted.",
-        ("driver", "pool", "node_name"),
+        POOL_NODE_LABELS,
         _pool_count(3),
         stability="experimental",
         reads=(SLICES, CLAIMS, RULES),
         fields=EVALUATED,
+    ),
+    # Partitionable devices (those consuming shared counters), per node and partition type.
+    *(
+        family(
+            name,
+            "{device}",
+            description,
+            PARTITION_LABELS,
+            _partition_count(index),
+            "experimental",
+            reads=reads,
+            fields=EVALUATED,
+        )
+        for name, index, reads, description in (
+            (
+                "kube_resourcepool_partitions",
+                2,
+                (SLICES,),
+                "Devices of the pool's newest generation that consume shared counters, per node and partition type.",
+            ),
+            (
+                "kube_resourcepool_partitions_allocated",
+                3,
+                (SLICES, CLAIMS),
+                "Of those, the allocated ones (adminAccess excluded).",
+            ),
+            (
+                "kube_resourcepool_partitions_free",
+                4,
+                (SLICES, CLAIMS, RULES),
+                "Of those, the ones a new request could get now: unallocated, shared counters left, not tainted.",
+            ),
+        )
+    ),
+    # The counter sets of the pool's newest generation, wherever they are defined.
+    *(
+        family(
+            name,
+            "",
+            description,
+            POOL_COUNTER_LABELS,
+            _pool_counter(index),
+            "experimental",
+            reads=reads,
+            fields=EVALUATED,
+        )
+        for name, index, reads, description in (
+            (
+                "kube_resourcepool_counter_set_capacity",
+                3,
+                (SLICES,),
+                "Counters of the shared counter sets of the pool's newest generation, as numbers.",
+            ),
+            (
+                "kube_resourcepool_counter_set_free",
+                4,
+                (SLICES, CLAIMS),
+                "Counter capacity left after what the allocated devices of the pool's newest generation consume.",
+            ),
+        )
     ),
 )
 
@@ -315,17 +415,48 @@ def _claim_uses(claim: Claim | None) -> dict[DevKey, Use]:
     return {key: (count, tuple(sorted(consumed.get(key, {}).items()))) for key, count in counts.items()}
 
 
+def _consume(into: Sums, d: Device) -> None:
+    """Add what the device consumes from shared counters."""
+    for set_name, amounts in d.counters:
+        sums = into.setdefault(set_name, {})
+        for counter, value in amounts:
+            sums[counter] = sums.get(counter, 0.0) + value
+
+
+def _in_use(s: Slice, d: Device, uses: Callable[[DevKey], Iterable[Use]]) -> bool:
+    return any(n for n, _ in uses((s.driver, s.pool, d.name)))
+
+
+def consumption(s: Slice, uses: Callable[[DevKey], Iterable[Use]]) -> dict[SetKey, dict[str, float]]:
+    """What the allocated devices of a slice consume from the counter sets of their pool (since
+    Kubernetes 1.35: sets that other slices of the pool generation define); empty for 1.34's shape."""
+    if s.counter_sets:
+        return {}
+    sums: Sums = {}
+    for d in s.devices:
+        if d.counters and _in_use(s, d, uses):
+            _consume(sums, d)
+    return {(s.driver, s.pool, s.generation, set_name): amounts for set_name, amounts in sums.items()}
+
+
+def _undefined(_set_name: str) -> tuple[Amounts, Mapping[str, float]]:
+    return (), {}
+
+
 def evaluate(
     s: Slice,
     uses: Callable[[DevKey], Iterable[Use]],
     rules: Sequence[tuple[str, str]] = (),
-) -> tuple[SliceUsage, dict[str, list[int]]]:
+    counters: CounterLookup = _undefined,
+) -> tuple[SliceUsage, Contribution]:
     """The slice joined with the allocations naming its devices, and its contribution to its pool's
-    per-node counts: node -> [devices, allocated, free]. ``rules``: (pool, device) selectors of the
-    blocking DeviceTaintRules for the slice's driver ("" matches any)."""
+    per-node counts (see Contribution). ``rules``: (pool,
+    device) selectors of the blocking DeviceTaintRules for the slice's driver ("" matches any).
+    ``counters``: the counter sets of the slice's pool generation (not used for 1.34's shape, where
+    a slice's devices consume from the slice's own sets)."""
     allocated: list[bool] = []
     capacity: list[Amounts | None] = []
-    counter_use: dict[tuple[str, str], float] = {}
+    counter_use: Sums = {}
     for d in s.devices:
         count = 0
         sums: dict[str, float] = {}
@@ -336,19 +467,24 @@ def evaluate(
         allocated.append(count > 0)
         capacity.append(tuple((cap, sums.get(cap, 0.0)) for cap, _ in d.capacities) if d.multi else None)
         if count:
-            for set_name, amounts in d.counters:
-                for counter, value in amounts:
-                    counter_use[(set_name, counter)] = counter_use.get((set_name, counter), 0.0) + value
-    left = {
-        (set_name, counter): value - counter_use.get((set_name, counter), 0.0)
-        for set_name, amounts in s.counter_sets
-        for counter, value in amounts
-    }
-    contribution: dict[str, list[int]] = {}
-    for d, is_allocated, used in zip(s.devices, allocated, capacity, strict=True):
+            _consume(counter_use, d)
+    left: dict[tuple[str, str], float] = {}
+    own_use: Mapping[str, Mapping[str, float]] = counter_use
+    if not s.local_counters:
+        # A devices-only slice: its devices consume from sets that other slices of the pool define.
+        for set_name in {set_name for d in s.devices for set_name, _ in d.counters}:
+            defined, used = counters(set_name)
+            left.update(((set_name, c), v - used.get(c, 0.0)) for c, v in defined)
+        # A counters-only slice: its sets are consumed by the devices of other slices.
+        own_use = {set_name: counters(set_name)[1] for set_name, _ in s.counter_sets}
+    for set_name, amounts in s.counter_sets:
+        used = own_use.get(set_name, {})
+        left.update(((set_name, c), v - used.get(c, 0.0)) for c, v in amounts)
+    contribution: Contribution = {}
+    for d, is_allocated, used_capacity in zip(s.devices, allocated, capacity, strict=True):
         if d.multi:
             # Shareable: free while a request that names no amount (the default) still fits.
-            taken = dict(used or ())
+            taken = dict(used_capacity or ())
             free = all(
                 taken.get(cap, 0.0) + default <= value
                 for (cap, value), default in zip(d.capacities, d.defaults, strict=True)
@@ -356,12 +492,12 @@ def evaluate(
         else:
             free = not is_allocated
         if free and not is_allocated:
-            # Its partitions' shared counters must still have room for it (counters the slice does
-            # not define are ignored, as the scheduler does).
+            # Its partitions' shared counters must still have room for it (counters that no slice
+            # defines make the pool invalid: no counts are reported for it).
             free = all(left.get((set_name, c), v) >= v for set_name, amounts in d.counters for c, v in amounts)
         if free and (d.blocked or any(p in ("", s.pool) and dev in ("", d.name) for p, dev in rules)):
             free = False
-        counts = contribution.setdefault(d.node_name, [0, 0, 0])
+        counts = contribution.setdefault((d.node_name, d.partition_type) if d.counters else d.node_name, [0, 0, 0])
         counts[0] += 1
         counts[1] += is_allocated
         counts[2] += free
@@ -487,7 +623,14 @@ class Joins:
         self._device_slices: dict[DevKey, tuple[str, ...]] = {}
         self._pools: dict[PoolKey, dict[int, set[str]]] = {}  # pool -> generation -> slice keys
         self._invalid: dict[PoolKey, bool] = {}
-        self._contribution: dict[str, dict[str, list[int]]] = {}  # slice key -> node -> counts
+        self._contribution: dict[str, Contribution] = {}  # slice key -> its part of the pool counts
+        # Shared counters (since Kubernetes 1.35 pool-wide: a set is defined by a counters-only slice
+        # and consumed by the devices of other slices of the same pool and generation).
+        self._set_defined: dict[SetKey, list[str]] = {}  # counters-only slices defining the set (sorted)
+        self._set_consumers: dict[SetKey, set[str]] = {}  # devices-only slices with devices consuming it
+        self._consumed: dict[str, dict[SetKey, dict[str, float]]] = {}  # slice key -> what it consumes
+        self._set_used: dict[SetKey, dict[str, float]] = {}  # what the generation's devices consume
+        self._counters_free: dict[str, tuple[tuple[str, Amounts], ...]] = {}  # slices defining counter sets
         self._uses: dict[DevKey, dict[str, Use]] = {}  # device -> claim key -> use
         self._classes: dict[str, DeviceClass] = {}
         self._rules: dict[str, DeviceTaintRule] = {}  # blocking, evaluable DeviceTaintRules
@@ -497,6 +640,7 @@ class Joins:
         # Work of the current batch.
         self._dirty_slices: set[str] = set()
         self._dirty_pools: set[PoolKey] = set()
+        self._dirty_sets: set[SetKey] = set()
         self._restructured: set[PoolKey] = set()
         self._cost_updates: list[tuple[str, ClaimCost | None]] = []
 
@@ -643,12 +787,15 @@ class Joins:
 
     # --- slices ---------------------------------------------------------------------------------------
     def _slice(self, key: str, old: Slice | None, new: Slice | None, owned: bool) -> None:
+        if self._evaluate:
+            self._index_counters(key, old, new)
         if old is not None:
             self._unindex_slice(key, old)
         if new is None:
             self._slices.pop(key, None)
             self._owned_slices.discard(key)
             self._contribution.pop(key, None)
+            self._counters_free.pop(key, None)
             if self.slice_usage is not None:
                 self.slice_usage.remove(key)
             return
@@ -699,6 +846,42 @@ class Joins:
                 if not of_driver:
                     del self._slices_of_driver[old.driver]
 
+    def _index_counters(self, key: str, old: Slice | None, new: Slice | None) -> None:
+        """Index the pool-wide counter sets that the slice defines or consumes from; a set whose
+        definition changed is re-joined at the end of the batch."""
+        before, after = _defined_sets(old), _defined_sets(new)
+        for set_key in before.keys() | after.keys():
+            if before.get(set_key) == after.get(set_key):
+                continue
+            self._dirty_sets.add(set_key)
+            if set_key not in after:
+                keys = self._set_defined[set_key]
+                keys.remove(key)
+                if not keys:
+                    del self._set_defined[set_key]
+            elif set_key not in before:
+                bisect.insort(self._set_defined.setdefault(set_key, []), key)
+        consumed_before, consumed_after = _consumed_sets(old), _consumed_sets(new)
+        for set_key in consumed_before - consumed_after:
+            consumers = self._set_consumers[set_key]
+            consumers.discard(key)
+            if not consumers:
+                del self._set_consumers[set_key]
+        for set_key in consumed_after - consumed_before:
+            self._set_consumers.setdefault(set_key, set()).add(key)
+        if new is None:
+            # What its devices consumed is consumed no more (a changed slice is recomputed instead).
+            self._dirty_sets.update(self._consumed.pop(key, {}))
+
+    def _counters_of(self, s: Slice) -> CounterLookup:
+        def counters(set_name: str) -> tuple[Amounts, Mapping[str, float]]:
+            set_key = (s.driver, s.pool, s.generation, set_name)
+            defined = self._set_defined.get(set_key)
+            amounts = dict(self._slices[defined[0]].counter_sets)[set_name] if defined else ()
+            return amounts, self._set_used.get(set_key, {})
+
+        return counters
+
     def _uses_of(self, dev: DevKey) -> Iterable[Use]:
         claims = self._uses.get(dev)
         return claims.values() if claims else ()
@@ -708,14 +891,24 @@ class Joins:
         if self.costs is not None:
             self.costs.update(self._cost_updates)
             self._cost_updates = []
+        if self._evaluate:
+            self._join_counters()
         usage_updates: list[tuple[str, SliceUsage | None]] = []
         for key in sorted(self._dirty_slices):
             s = self._slices.get(key)
             if s is None:
                 continue
-            usage, contribution = evaluate(s, self._uses_of, self._rules_for(s) if self._rules else ())
+            usage, contribution = evaluate(
+                s, self._uses_of, self._rules_for(s) if self._rules else (), self._counters_of(s)
+            )
             if self._counting and self._contribution.get(key) != contribution:
                 self._contribution[key] = contribution
+                self._dirty_pools.add((s.driver, s.pool))
+            if self._counting and self._counters_free.get(key, ()) != usage.counters_free:
+                if usage.counters_free:
+                    self._counters_free[key] = usage.counters_free
+                else:
+                    del self._counters_free[key]
                 self._dirty_pools.add((s.driver, s.pool))
             usage_updates.append((key, usage if key in self._owned_slices else None))
         self._dirty_slices.clear()
@@ -738,33 +931,69 @@ class Joins:
         self._restructured.clear()
         self.pools.update(pool_updates)
 
+    def _join_counters(self) -> None:
+        """Bring the pool-wide counter sets up to date: what the changed slices' allocated devices
+        consume, then, for each set whose consumption or definition changed, the slices that define
+        or consume it (they are evaluated next, with the other changed slices)."""
+        for key in self._dirty_slices:
+            s = self._slices.get(key)
+            if s is None:
+                continue
+            before = self._consumed.get(key, {})
+            after = consumption(s, self._uses_of)
+            if after != before:
+                self._dirty_sets.update(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+                if after:
+                    self._consumed[key] = after
+                else:
+                    self._consumed.pop(key, None)
+        for set_key in self._dirty_sets:
+            consumers = self._set_consumers.get(set_key, ())
+            used: dict[str, float] = {}
+            for key in consumers:
+                for counter, value in self._consumed.get(key, {}).get(set_key, {}).items():
+                    used[counter] = used.get(counter, 0.0) + value
+            if used:
+                self._set_used[set_key] = used
+            else:
+                self._set_used.pop(set_key, None)
+            self._dirty_slices.update(consumers)
+            self._dirty_slices.update(self._set_defined.get(set_key, ()))
+        self._dirty_sets.clear()
+
     def _pool_state(self, pool: PoolKey, generations: dict[int, set[str]]) -> PoolState:
         newest = max(generations)
         members = sorted(generations[newest])
         slices = [self._slices[k] for k in members]
         incomplete = any(s.slice_count != len(members) for s in slices)
         if pool in self._restructured or pool not in self._invalid:
-            names: set[str] = set()
-            total = 0
-            for s in slices:
-                total += len(s.devices)
-                names.update(d.name for d in s.devices)
-            self._invalid[pool] = len(names) != total
+            self._invalid[pool] = _invalid(slices, complete=not incomplete)
         invalid = self._invalid[pool]
+        state = PoolState(pool[0], pool[1], newest, incomplete, invalid)
+        if incomplete or invalid or not self._counting:
+            return state
         nodes: dict[str, list[int]] = {}
-        if not incomplete and not invalid:
-            for key in members:
-                for node, counts in self._contribution.get(key, {}).items():
-                    sums = nodes.setdefault(node, [0, 0, 0])
-                    for i in range(3):
-                        sums[i] += counts[i]
+        partitions: dict[tuple[str, str], list[int]] = {}
+        counters: dict[tuple[str, str, str], list[float]] = {}
+        for key, s in zip(members, slices, strict=True):
+            for part, counts in self._contribution.get(key, {}).items():
+                if isinstance(part, tuple):
+                    _add(partitions.setdefault(part, [0, 0, 0]), counts)
+                    part = part[0]
+                _add(nodes.setdefault(part, [0, 0, 0]), counts)
+            # Two 1.34-style slices of a pool may each define a set of the same name: summed.
+            for (set_name, amounts), (_, free) in zip(s.counter_sets, self._counters_free.get(key, ()), strict=True):
+                for (counter, capacity), (_, left) in zip(amounts, free, strict=True):
+                    _add(counters.setdefault((s.node_name, set_name, counter), [0.0, 0.0]), (capacity, left))
         return PoolState(
-            driver=pool[0],
-            pool=pool[1],
-            generation=newest,
-            incomplete=incomplete,
-            invalid=invalid,
+            pool[0],
+            pool[1],
+            newest,
+            incomplete,
+            invalid,
             nodes=tuple((node, *counts) for node, counts in sorted(nodes.items())),  # type: ignore[misc]
+            partitions=tuple((*k, *counts) for k, counts in sorted(partitions.items())),  # type: ignore[misc]
+            counters=tuple((*k, *values) for k, values in sorted(counters.items())),  # type: ignore[misc]
         )
 
     # --- introspection (tests, self-metrics) ---------------------------------------------------------
@@ -776,6 +1005,54 @@ class Joins:
                 "pools": len(self._pools),
                 "leak_clock": len(self.leaks) if self.leaks is not None else 0,
             }
+
+
+def _add(sums: list[Any], values: Sequence[Any]) -> None:
+    for i, value in enumerate(values):
+        sums[i] += value
+
+
+def _defined_sets(s: Slice | None) -> dict[SetKey, Amounts]:
+    """The pool-wide counter sets a counters-only slice defines."""
+    if s is None or s.devices:
+        return {}
+    return {(s.driver, s.pool, s.generation, set_name): amounts for set_name, amounts in s.counter_sets}
+
+
+def _consumed_sets(s: Slice | None) -> set[SetKey]:
+    """The pool-wide counter sets that the devices of a devices-only slice consume from."""
+    if s is None or s.counter_sets:
+        return set()
+    return {(s.driver, s.pool, s.generation, set_name) for d in s.devices for set_name, _ in d.counters}
+
+
+def _invalid(slices: Sequence[Slice], *, complete: bool) -> bool:
+    """What makes the scheduler refuse a pool generation: a device name or a pool-wide counter set
+    name defined twice, or, once the pool is complete (a counters-only slice may come after the
+    devices that consume from it), a device consuming a counter set or counter that is not defined
+    (in its own slice for 1.34's shape, in a counters-only slice of the generation since 1.35)."""
+    names: set[str] = set()
+    devices = 0
+    pool_sets: dict[str, set[str]] = {}
+    for s in slices:
+        devices += len(s.devices)
+        names.update(d.name for d in s.devices)
+        for set_name, amounts in () if s.devices else s.counter_sets:
+            if set_name in pool_sets:
+                return True
+            pool_sets[set_name] = {counter for counter, _ in amounts}
+    if len(names) != devices:
+        return True
+    if not complete:
+        return False
+    for s in slices:
+        sets = {n: {c for c, _ in amounts} for n, amounts in s.counter_sets} if s.local_counters else pool_sets
+        for d in s.devices:
+            for set_name, amounts in d.counters:
+                defined = sets.get(set_name)
+                if defined is None or any(counter not in defined for counter, _ in amounts):
+                    return True
+    return False
 
 
 def _classes_of(claim: Claim) -> Sequence[str]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from otel_dra.cluster.families import Family, Sample, family
+from otel_dra.cluster.fields import condition_states, conditions, optional_time, parse_time
 from otel_dra.kube.quantity import parse_quantity
 from otel_dra.kube.reflector import ResourceType
 
@@ -59,34 +59,10 @@ class Claim:
 
 
 PHASES = ("pending", "allocated", "reserved")
-CONDITION_STATUSES = ("true", "false", "unknown")
 
 
 def _str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
-
-
-def parse_time(value: Any) -> float:
-    """An RFC 3339 timestamp (``2026-11-30T03:26:06Z``) as Unix seconds; ValueError otherwise."""
-    if not isinstance(value, str):
-        raise ValueError(f"not a timestamp: {value!r}")
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise ValueError(f"not a timestamp: {value!r}") from None
-    if parsed.tzinfo is None:
-        raise ValueError(f"timestamp without a time zone: {value!r}")
-    return parsed.timestamp()
-
-
-def _time(value: Any, what: str, report: Callable[[str], None]) -> float | None:
-    if value is None:
-        return None
-    try:
-        return parse_time(value)
-    except ValueError as exc:
-        report(f"{what}: {exc}; series omitted")
-        return None
 
 
 def _status_time(meta: dict[str, Any]) -> float | None:
@@ -136,19 +112,19 @@ def _consumed(raw: Any, report: Callable[[str], None]) -> tuple[tuple[str, float
     return tuple(out)
 
 
-def _conditions(status: dict[str, Any]) -> tuple[tuple[str, str, str, str, str, str], ...]:
-    out: dict[tuple[str, str, str, str, str, str], None] = {}
+Condition = tuple[str, str, str, str, str, str]  # driver, pool, device, share_id, type, status
+
+
+def _conditions(status: dict[str, Any], report: Callable[[str], None]) -> tuple[Condition, ...]:
+    out: dict[tuple[str, str, str, str, str], str] = {}
     devices = status.get("devices") or []
-    for entry in devices if isinstance(devices, list) else []:
+    for i, entry in enumerate(devices if isinstance(devices, list) else []):
         if not isinstance(entry, dict):
             continue
-        where = tuple(str(entry.get(k) or "") for k in ("driver", "pool", "device", "shareID"))
-        conditions = entry.get("conditions") or []
-        for condition in conditions if isinstance(conditions, list) else []:
-            if isinstance(condition, dict) and isinstance(condition.get("type"), str):
-                state = str(condition.get("status", "")).lower()
-                out[(*where, condition["type"], state if state in ("true", "false") else "unknown")] = None
-    return tuple(out)
+        driver, pool, device, share_id = (str(entry.get(k) or "") for k in ("driver", "pool", "device", "shareID"))
+        for condition, state in conditions(entry.get("conditions"), f"status.devices[{i}].conditions", report):
+            out[(driver, pool, device, share_id, condition)] = state
+    return tuple((*key, state) for key, state in out.items())
 
 
 # The fields of Claim that only some families read (Family.fields); a parser made for a set of
@@ -220,18 +196,18 @@ def _parse(obj: dict[str, Any], report: Callable[[str], None], keep: frozenset[s
         name=str(meta.get("name", "")),
         allocated=tuple(counts.items()) if "allocated" in keep else (),
         pods=tuple(pods),
-        created=_time(meta.get("creationTimestamp"), "metadata.creationTimestamp", report)
+        created=optional_time(meta.get("creationTimestamp"), "metadata.creationTimestamp", report)
         if "created" in keep
         else None,
         has_allocation=has_allocation,
-        allocation_time=_time(allocation.get("allocationTimestamp"), "allocationTimestamp", report)
+        allocation_time=optional_time(allocation.get("allocationTimestamp"), "allocationTimestamp", report)
         if "allocation_time" in keep
         else None,
         reserved=len(reserved),
         results=tuple(parsed),
         request_classes=_request_classes(obj.get("spec")) if "request_classes" in keep else (),
         status_time=_status_time(meta) if unreserved and "status_time" in keep else None,
-        conditions=_conditions(status) if "conditions" in keep else (),
+        conditions=_conditions(status, report) if "conditions" in keep else (),
     )
 
 
@@ -308,11 +284,8 @@ def _admin_access(c: Claim) -> Iterable[Sample]:
 
 def _device_conditions(c: Claim) -> Iterable[Sample]:
     for driver, pool, device, share_id, condition, status in c.conditions:
-        for state in CONDITION_STATUSES:
-            yield (
-                (c.name, c.namespace, driver, pool, device, share_id, condition, state),
-                1.0 if state == status else 0.0,
-            )
+        for state, value in condition_states(status):
+            yield (c.name, c.namespace, driver, pool, device, share_id, condition, state), value
 
 
 STATE_FAMILIES: tuple[Family[Claim], ...] = (

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_dra.cluster.families import Family, Sample, family
+from otel_dra.cluster.fields import optional_time
 from otel_dra.kube.quantity import parse_quantity
 from otel_dra.kube.reflector import ResourceType
 
@@ -64,19 +65,20 @@ class DeviceAttributes:
     def values(self, attributes: Any, driver: str) -> tuple[str, ...]:
         if not isinstance(attributes, dict) or not self.names:
             return tuple("" for _ in self.names)
-        out = []
-        for name in self.names:
-            domain, _, ident = name.rpartition("/")
-            if domain:
-                value = attributes.get(name)
-                if value is None and domain == driver:
-                    value = attributes.get(ident)
-            else:
-                value = attributes.get(name)
-                if value is None:
-                    value = attributes.get(f"{driver}/{name}")
-            out.append(_attribute_text(value))
-        return tuple(out)
+        return tuple(_attribute_text(_attribute(attributes, name, driver)) for name in self.names)
+
+
+def _attribute(attributes: dict[str, Any], name: str, driver: str) -> Any:
+    """The attribute called ``name`` (bare or qualified: an attribute in the driver's own domain may
+    be published either way), or None."""
+    domain, _, ident = name.rpartition("/")
+    if domain:
+        value = attributes.get(name)
+        if value is None and domain == driver:
+            value = attributes.get(ident)
+        return value
+    value = attributes.get(name)
+    return attributes.get(f"{driver}/{name}") if value is None else value
 
 
 DEFAULT_ATTRIBUTES = DeviceAttributes.parse(DEFAULT_DEVICE_ATTRIBUTES)
@@ -112,8 +114,13 @@ class Device:
     # names no amount consumes (requestPolicy.default, else the whole capacity).
     defaults: tuple[float, ...] = ()
     taints: tuple[tuple[str, str, str], ...] = ()  # (key, value, effect)
+    # Per entry of ``taints``, its timeAdded (Unix seconds; None when unset or invalid); () when no
+    # taint has one.
+    taints_added: tuple[float | None, ...] = ()
     counters: tuple[tuple[str, Amounts], ...] = ()  # consumesCounters: (counter set, amounts)
     multi: bool = False  # allowMultipleAllocations
+    # The value of the attribute that the slice's partitionTypeAttribute names ("" when unset).
+    partition_type: str = ""
 
     @property
     def blocked(self) -> bool:
@@ -131,6 +138,13 @@ class Slice:
     slice_count: int = 0  # spec.pool.resourceSliceCount
     node_name: str = ""  # spec.nodeName
     counter_sets: tuple[tuple[str, Amounts], ...] = ()  # sharedCounters
+
+    @property
+    def local_counters(self) -> bool:
+        """Kubernetes 1.34's shape: the slice defines counter sets and devices, and its devices
+        consume only from its own sets. Since 1.35 a slice holds either counter sets or devices,
+        and devices consume from the sets of any slice of their pool (and generation)."""
+        return bool(self.counter_sets) and bool(self.devices)
 
 
 def _string_attribute(attributes: Any, name: str) -> str:
@@ -170,7 +184,7 @@ def _amounts(raw: Any, what: str, report: Callable[[str], None]) -> Amounts:
 # set of them leaves the others at their defaults (memory: a family that is off keeps nothing).
 FIELDS = frozenset(
     {"capacity", "type", "product_name", "parent_uuid", "info", "capacities", "defaults", "taints", "counters"}
-    | {"counter_sets"}
+    | {"taints_added", "partition_type", "counter_sets"}
 )
 
 
@@ -192,6 +206,9 @@ def make_parser(
             pool = {}
         per_device = spec.get("perDeviceNodeSelection") is True
         slice_node = spec["nodeName"] if isinstance(spec.get("nodeName"), str) else ""
+        partition_attribute = spec.get("partitionTypeAttribute")
+        if not isinstance(partition_attribute, str):
+            partition_attribute = ""
         raw_devices = spec.get("devices") or []
         if not isinstance(raw_devices, list):
             report("spec.devices is not a list")
@@ -201,7 +218,9 @@ def make_parser(
             if not isinstance(dev, dict) or not isinstance(dev.get("name"), str):
                 report(f"spec.devices[{i}] has no name; skipped")
                 continue
-            devices.append(_device(dev, per_device, slice_node, driver, attributes, wanted, report))
+            devices.append(
+                _device(dev, per_device, slice_node, driver, attributes, partition_attribute, wanted, report)
+            )
         counter_sets = []
         raw_sets = (spec.get("sharedCounters") or []) if "counter_sets" in wanted else []
         for i, counter_set in enumerate(raw_sets if isinstance(raw_sets, list) else []):
@@ -230,6 +249,7 @@ def _device(
     slice_node: str,
     driver: str,
     attributes: DeviceAttributes,
+    partition_attribute: str,
     keep: frozenset[str],
     report: Callable[[str], None],
 ) -> Device:
@@ -237,7 +257,9 @@ def _device(
     # node_name is the node the device is bound to -- never the pool name. With per-device
     # node selection each device says; otherwise the slice does (empty for shared devices).
     node = dev.get("nodeName") if per_device else slice_node
-    attrs = dev.get("attributes") or {}
+    attrs = dev.get("attributes")
+    if not isinstance(attrs, dict):
+        attrs = {}
     raw_capacity = dev.get("capacity") or {}
     capacities: Amounts = ()
     if not keep.isdisjoint(("capacity", "capacities", "defaults")):
@@ -256,10 +278,15 @@ def _device(
                     report(f"device {name}: capacity {cap}: requestPolicy.default: {exc}")
             defaults.append(default)
     taints = []
+    added: list[float | None] = []
     raw_taints = (dev.get("taints") or []) if "taints" in keep else []
+    want_added = "taints_added" in keep
     for taint in raw_taints if isinstance(raw_taints, list) else []:
         if isinstance(taint, dict) and isinstance(taint.get("key"), str):
             taints.append((taint["key"], str(taint.get("value") or ""), str(taint.get("effect") or "")))
+            if want_added:
+                what = f"device {name}: taint {taint['key']}: timeAdded"
+                added.append(optional_time(taint.get("timeAdded"), what, report))
     counters = []
     raw_counters = (dev.get("consumesCounters") or []) if "counters" in keep else []
     for consumption in raw_counters if isinstance(raw_counters, list) else []:
@@ -282,8 +309,12 @@ def _device(
         capacities=capacities if "capacities" in keep else (),
         defaults=tuple(defaults),
         taints=tuple(taints),
+        taints_added=tuple(added) if any(t is not None for t in added) else (),
         counters=tuple(counters),
         multi=multi,
+        partition_type=_attribute_text(_attribute(attrs, partition_attribute, driver))
+        if partition_attribute and "partition_type" in keep
+        else "",
     )
 
 
@@ -367,6 +398,17 @@ def _taints(s: Slice) -> Iterable[Sample]:
             yield (s.name, s.driver, s.pool, d.node_name, d.name, key, value, effect), 1.0
 
 
+def _taints_added(s: Slice) -> Iterable[Sample]:
+    for d in s.devices:
+        # As for _taints, identical entries are one series: the earliest time.
+        first: dict[tuple[str, str, str], float] = {}
+        for taint, added in zip(d.taints, d.taints_added, strict=False):
+            if added is not None:
+                first[taint] = min(added, first.get(taint, added))
+        for (key, value, effect), added in first.items():
+            yield (s.name, s.driver, s.pool, d.node_name, d.name, key, value, effect), added
+
+
 def _counter_capacity(s: Slice) -> Iterable[Sample]:
     for set_name, counters in s.counter_sets:
         for counter, value in counters:
@@ -407,6 +449,16 @@ def state_families(attributes: DeviceAttributes = DEFAULT_ATTRIBUTES) -> tuple[F
             _taints,
             stability="experimental",
             fields=("taints",),
+        ),
+        family(
+            "kube_resourceslice_device_taint_added_timestamp",
+            "s",
+            "Unix time each taint of a device in a ResourceSlice was added (its timeAdded).",
+            (*DEVICE_LABELS, "key", "value", "effect"),
+            _taints_added,
+            stability="experimental",
+            kubernetes="1.34",
+            fields=("taints", "taints_added"),
         ),
         family(
             "kube_resourceslice_counter_set_capacity",

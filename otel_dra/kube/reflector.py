@@ -12,9 +12,11 @@ synced while the watch is healthy. When the watch breaks, the cache still serves
 until a watch is established again or a relist succeeds.
 
 An *optional* resource (an alpha API behind a feature gate, say) is found through API discovery
-before each list. When the API server does not serve it, or RBAC does not allow listing or watching
-it, the handler is emptied, the reason is logged once, the cache counts as in sync (it holds,
-correctly, nothing), and discovery is tried again every ``unavailable_retry`` seconds.
+before each list; the version discovery chose is logged when it is first found and again only when
+it changes (or the resource comes back after being unavailable). When the API server does not serve
+it, or RBAC does not allow listing or watching it, the handler is emptied, the reason is logged
+once, the cache counts as in sync (it holds, correctly, nothing), and discovery is tried again
+every ``unavailable_retry`` seconds.
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ class Reflector:
         self.discover = discover
         self.unavailable_retry = unavailable_retry
         self._unavailable: str | None = None
+        self._announced: ResourceType | None = None  # the discovered version last logged
         self.handler = handler
         self.events = events
         self.page_size = page_size
@@ -140,8 +143,15 @@ class Reflector:
             self._last_sync_wall = time.time()
             if self._error is not None:
                 log.info("%s: recovered", self.resource.plural)
-            if self._unavailable is not None and listed:
-                log.info("%s: now served at %s, watching it", self.resource.plural, self.resource.group_version)
+            if listed and self.discover is not None:
+                # The version discovery chose: logged once, and again when it changes or comes back.
+                if self._unavailable is not None or self.resource != self._announced:
+                    log.info(
+                        "%s: served at %s (found by API discovery), watching it",
+                        self.resource.plural,
+                        self.resource.group_version,
+                    )
+                    self._announced = self.resource
                 self._unavailable = None
             self._error = None
             self._logged_error = None

@@ -395,6 +395,9 @@ def up(
     server = f"https://127.0.0.1:{ports['apiserver']}"
     gate_list = ",".join(f"{name}={str(on).lower()}" for name, on in sorted(feature_gates.items()))
     gates = [f"--feature-gates={gate_list}"] if gate_list else []
+    # Where DeviceTaintRules are served, kube-controller-manager runs the controller that acts on
+    # them (evicts pods of NoExecute-tainted devices, writes the rules' EvictionInProgress status).
+    taint_rules_served = settings.taint_rule_api is None
     if (
         scheduler
         and settings.taint_rule_api
@@ -402,6 +405,10 @@ def up(
         and not any("--runtime-config" in a for a in apiserver_args)
     ):
         apiserver_args = [*apiserver_args, f"--runtime-config={settings.taint_rule_api}=true"]
+        taint_rules_served = True
+    controllers = ["resourceclaim-controller", "garbage-collector-controller"]
+    if taint_rules_served:
+        controllers.append("device-taint-eviction-controller")
     testbed = Testbed(
         dir=dir,
         kubeconfig=dir / "kubeconfig",
@@ -489,11 +496,12 @@ def up(
                     str(binaries.kube_controller_manager),
                     kubeconfig,
                     "--leader-elect=false",
-                    # ResourceClaimTemplate -> ResourceClaim, and the garbage collector that deletes
+                    # ResourceClaimTemplate -> ResourceClaim, the garbage collector that deletes
                     # a pod's generated claims once the pod is gone (the claim controller leaves
-                    # that to it). Nothing else: that keeps the node-lifecycle controller from
-                    # tainting the kubelet-less Nodes tests create.
-                    "--controllers=resourceclaim-controller,garbage-collector-controller",
+                    # that to it) and, where DeviceTaintRules are served, device-taint eviction.
+                    # Nothing else: that keeps the node-lifecycle controller from tainting the
+                    # kubelet-less Nodes tests create.
+                    f"--controllers={','.join(controllers)}",
                     # Controllers use the admin kubeconfig directly: the ServiceAccount token
                     # controller that per-controller credentials would need is not running.
                     "--use-service-account-credentials=false",

@@ -54,13 +54,15 @@ def test_default_render_is_secure_and_least_privilege(helm):
     kinds = _by_kind(render(helm))
     assert set(kinds) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service"}
     [role] = kinds["ClusterRole"]
-    assert role["rules"] == [
-        {
-            "apiGroups": ["resource.k8s.io"],
-            "resources": ["resourceclaims", "resourceslices", "deviceclasses", "devicetaintrules"],
-            "verbs": ["list", "watch"],
-        }
-    ]
+    dra_rule = {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["resourceclaims", "resourceslices", "deviceclasses", "devicetaintrules"],
+        "verbs": ["list", "watch"],
+    }
+    assert role["rules"] == [dra_rule, {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
+    # Without the pod watch, the role does not ask for pods.
+    [no_pods] = _by_kind(render(helm, "exporter.watchPods=false"))["ClusterRole"]
+    assert no_pods["rules"] == [dra_rule]
     [deploy] = kinds["Deployment"]
     assert deploy["spec"]["strategy"]["type"] == "RollingUpdate"
     pod = deploy["spec"]["template"]["spec"]
@@ -199,16 +201,16 @@ def test_chart_serviceaccount_can_exactly_what_the_exporter_needs(helm, testbed,
     ):
         assert can("list", resource) and can("watch", resource)
         assert not can("get", resource) and not can("create", resource) and not can("delete", resource)
-    assert (
-        not can("list", "pods")
-        and not can("list", "secrets")
-        and not can("list", "resourceclaimtemplates.resource.k8s.io")
-    )
+    # Pods (exporter.watchPods, on by default): list and watch only.
+    assert can("list", "pods") and can("watch", "pods") and not can("get", "pods") and not can("delete", "pods")
+    assert not can("list", "secrets") and not can("list", "resourceclaimtemplates.resource.k8s.io")
     # And it is enough: the exporter runs with that ServiceAccount's token.
     token = testbed.mint_token("dra-monitoring", "rbac-otel-dra")
     kubeconfig = testbed.write_kubeconfig(testbed.dir / "chart-sa.kubeconfig", token)
     app = start_exporter_app(str(kubeconfig))
     wait_until(lambda: app.state.not_synced() is None, what="sync as the chart's ServiceAccount")
+    [pods] = [r for r in app.state.reflectors if r.resource.plural == "pods"]
+    assert pods.state().unavailable is None  # watched, not forbidden
 
 
 def _render_with(helm: Path, *sets: str) -> dict[str, list[dict]]:

@@ -1,8 +1,15 @@
 """Golden expositions of the families beyond the seed, from a real API server where the real
 kube-scheduler allocates the claims (tests/golden/state_objects.yaml, one golden file per case).
 
-Regenerate with `make golden` (UPDATE_GOLDEN=1), then read the diff: every value in these files was checked by hand
-against the objects (see the comments in state_objects.yaml).
+The objects are written in Kubernetes 1.34's shapes and brought to the testbed's minor before they
+are created (tests.helpers.shaped_for_testbed): from 1.35 on, shared counters live in a slice of their own, and
+DeviceTaintRules are created in the version that minor serves. Where the exposition differs by
+minor, the files of 1.35 and later are in tests/golden/1.35+/ (today only the partitionable case:
+the same values, with the counter sets reported on the counters slice).
+
+Regenerate with `make golden` (UPDATE_GOLDEN=1; OTEL_DRA_KUBERNETES_VERSION=1.37 for the 1.35+
+files), then read the diff: every value in these files was checked by hand against the objects
+(see the comments in state_objects.yaml).
 """
 
 from __future__ import annotations
@@ -18,10 +25,38 @@ import yaml
 
 from otel_dra.fixtures import create, object_path
 from otel_dra.kube.client import ApiError
-from tests.helpers import check_golden, claim_pod, parse_samples, ready_node, scrape, state_families, wait_until
+from otel_dra.testbed.build import kubernetes_release
+from otel_dra.testbed.controlplane import RELEASE_SETTINGS
+from tests.helpers import (
+    check_golden,
+    claim_pod,
+    parse_samples,
+    pool_wide_counters,
+    ready_node,
+    scrape,
+    shaped_for_testbed,
+    state_families,
+    state_family_objects,
+    wait_until,
+)
 
-GOLDEN = Path(__file__).parent.parent / "golden"
-OBJECTS = [doc for doc in yaml.safe_load_all((GOLDEN / "state_objects.yaml").read_text()) if doc]
+GOLDEN_DIR = Path(__file__).parent.parent / "golden"
+POOL_WIDE_COUNTERS = pool_wide_counters()
+
+
+def _golden_file(name: str) -> Path:
+    """tests/golden/1.35+/<name> on 1.35 and later where that minor's exposition differs (the
+    partitionable case: its counters are in a slice of their own), else tests/golden/<name>."""
+    since_1_35 = GOLDEN_DIR / "1.35+" / name
+    return since_1_35 if POOL_WIDE_COUNTERS and since_1_35.exists() else GOLDEN_DIR / name
+
+
+OBJECTS = [
+    shaped
+    for doc in yaml.safe_load_all((GOLDEN_DIR / "state_objects.yaml").read_text())
+    if doc
+    for shaped in shaped_for_testbed(doc)
+]
 NODES = ("gold-part", "gold-gen", "gold-cost", "gold-admin", "gold-taint")
 LEAK_GRACE = 2.0
 
@@ -67,7 +102,27 @@ CASES = {
 
 # Series whose value is the wall-clock time of the run are checked against the run's time window
 # and shown as a placeholder.
-_TIMES = {"kube_resourceclaim_created_timestamp_seconds", "kube_resourceclaim_allocation_timestamp_seconds"}
+_TIMES = {
+    "kube_resourceclaim_created_timestamp_seconds",
+    "kube_resourceclaim_allocation_timestamp_seconds",
+    "kube_resourceslice_device_taint_added_timestamp_seconds",
+    "kube_devicetaintrule_taint_added_timestamp_seconds",
+}
+
+
+def _minor(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def _families_up_to(minor: str) -> dict[str, str]:
+    """state_families() less those that need a Kubernetes newer than ``minor``."""
+    needs = {f.prom_name: f.kubernetes for f in state_family_objects()}
+    return {p: o for p, o in state_families().items() if not needs[p] or _minor(needs[p]) <= _minor(minor)}
+
+
+# The golden files are the same on every Kubernetes release: they hold the families that the oldest
+# supported one serves (the others, e.g. DeviceTaintRule conditions, are tested where they exist).
+GOLDEN_FAMILIES = _families_up_to(min(RELEASE_SETTINGS, key=_minor))
 
 
 def _pods() -> list[dict[str, Any]]:
@@ -163,7 +218,7 @@ def golden_scrape(testbed_sched, start_exporter_app_module):
 
 def _exposition(text: str, case: Case, window: tuple[float, float]) -> str:
     """The case's series of the new families, in served order, with run-time timestamps masked."""
-    families = state_families()
+    families = GOLDEN_FAMILIES
     out: list[str] = []
     for line in text.splitlines():
         if line.startswith("# TYPE "):
@@ -195,7 +250,7 @@ def _exposition(text: str, case: Case, window: tuple[float, float]) -> str:
 def test_golden(golden_scrape, case):
     text, started, ended = golden_scrape
     got = _exposition(text, CASES[case], (started, ended))
-    check_golden(GOLDEN / f"state_{case}.prom", got)
+    check_golden(_golden_file(f"state_{case}.prom"), got)
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
@@ -213,7 +268,7 @@ def test_otlp_has_the_same_series_as_prometheus(
         monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "500")
         app = start_exporter_app(str(testbed_sched.kubeconfig), leak_grace=LEAK_GRACE)
         wait_until(lambda: app.state.not_synced() is None, what="sync")
-        families = state_families()  # Prometheus name -> OTel name
+        families = _families_up_to(kubernetes_release().minor)  # Prometheus name -> OTel name
 
         def compare() -> tuple[bool, list[Any]]:
             points = receiver.metric_points()

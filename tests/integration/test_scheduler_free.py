@@ -8,7 +8,7 @@ from typing import Any
 
 from otel_dra.fixtures import create
 from otel_dra.kube.client import ApiError, KubeClient, load_credentials
-from tests.helpers import claim_pod, parse_samples, ready_node, scrape, wait_until
+from tests.helpers import parse_samples, place, ready_node, scrape, shaped_for_testbed, wait_until
 
 DRIVER = "free.example.com"
 NS = "sched-free"
@@ -28,18 +28,6 @@ def _slice(node: str, devices: list[dict[str, Any]], counters: list[dict[str, An
         "kind": "ResourceSlice",
         "metadata": {"name": f"{node}-free"},
         "spec": spec,
-    }
-
-
-def _claim(name: str, selector: str | None = None) -> dict[str, Any]:
-    exactly: dict[str, Any] = {"deviceClassName": DRIVER}
-    if selector:
-        exactly["selectors"] = [{"cel": {"expression": selector}}]
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"devices": {"requests": [{"name": "dev", "exactly": exactly}]}},
     }
 
 
@@ -92,35 +80,14 @@ def _free(port: int) -> dict[str, float]:
     }
 
 
-def _scheduled(client: KubeClient, name: str) -> bool | None:
-    """True once bound, False once the scheduler says it cannot place it, else None."""
-    pod = client.get_json(f"/api/v1/namespaces/{NS}/pods/{name}")
-    if pod["spec"].get("nodeName"):
-        return True
-    for condition in (pod.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
-            return False
-    return None
-
-
-def _place(client: KubeClient, name: str, node: str, selector: str | None = None) -> bool:
-    create(client, _claim(name, selector))
-    create(client, claim_pod(name, NS, name, node=node))
-    placed = wait_until(
-        lambda: (lambda r: None if r is None else ("yes" if r else "no"))(_scheduled(client, name)),
-        timeout=60,
-        what=f"the scheduler to decide on pod {name}",
-    )
-    return bool(placed == "yes")
-
-
 def test_free_count_matches_what_the_scheduler_can_still_allocate(testbed_sched, start_exporter_app):
     client = KubeClient(load_credentials(str(testbed_sched.kubeconfig)))
     with contextlib.suppress(ApiError):
         client.send_json("POST", "/api/v1/namespaces", {"metadata": {"name": NS}})
     for node, slice_ in SLICES.items():
         ready_node(client, node)
-        create(client, slice_)
+        for shaped in shaped_for_testbed(slice_):  # 1.35+: free-c's counters in a slice of their own
+            create(client, shaped)
     create(
         client,
         {
@@ -135,15 +102,15 @@ def test_free_count_matches_what_the_scheduler_can_still_allocate(testbed_sched,
         wait_until(lambda: app.state.not_synced() is None, what="sync")
         assert wait_until(lambda: _free(app.port) == {"sched-free-a": 3, "sched-free-b": 3, "sched-free-c": 3})
         # Take one device on free-a, and one half of the GPU on free-c.
-        assert _place(client, "pre-a", "sched-free-a")
-        assert _place(client, "pre-c", "sched-free-c", f"device.attributes['{DRIVER}'].kind == 'half'")
+        assert place(client, NS, "pre-a", "sched-free-a", DRIVER)
+        assert place(client, NS, "pre-c", "sched-free-c", DRIVER, f"device.attributes['{DRIVER}'].kind == 'half'")
         free = wait_until(
             lambda: (f := _free(app.port)) == EXPECTED_FREE and f, what="free counts after two allocations"
         )
 
         for node, count in free.items():
             placed = 0
-            while _place(client, f"more-{node}-{placed}", node):
+            while place(client, NS, f"more-{node}-{placed}", node, DRIVER):
                 placed += 1
                 assert placed <= count, f"the scheduler placed more on {node} than the {count} free devices"
             assert placed == count, f"{node}: exporter said {count} free, the scheduler allocated {placed}"
@@ -155,8 +122,9 @@ def test_free_count_matches_what_the_scheduler_can_still_allocate(testbed_sched,
         ):
             with contextlib.suppress(ApiError):
                 client.request("DELETE", path, query={"gracePeriodSeconds": 0})
-        for node in SLICES:
-            with contextlib.suppress(ApiError):
-                client.request("DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{node}-free")
+        for slice_ in SLICES.values():
+            for shaped in shaped_for_testbed(slice_):
+                with contextlib.suppress(ApiError):
+                    client.request("DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{shaped['metadata']['name']}")
         with contextlib.suppress(ApiError):
             client.request("DELETE", f"/apis/resource.k8s.io/v1/deviceclasses/{DRIVER}")

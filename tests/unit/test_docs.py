@@ -38,7 +38,7 @@ def test_state_families_documented():
     for fam in all_families():
         g = fam.gauge
         assert fam.gauge.name in rows, f"{g.name} missing from docs/metrics.md"
-        _otel, unit, prom, kind, labels, stability, _ = rows.pop(g.name)
+        _otel, unit, prom, kind, labels, stability, meaning = rows.pop(g.name)
         assert (unit, prom, kind, labels, stability) == (
             g.unit,
             fam.prom_name,
@@ -46,6 +46,9 @@ def test_state_families_documented():
             _fmt_labels(g.labels),
             fam.stability,
         ), g.name
+        # A family that names the oldest Kubernetes serving what it reads says so.
+        if fam.kubernetes:
+            assert meaning.startswith(f"Kubernetes {fam.kubernetes}+"), g.name
     assert all(not name.startswith("kube_") for name in rows), f"documented but not exported: {sorted(rows)}"
 
 

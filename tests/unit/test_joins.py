@@ -291,6 +291,303 @@ def test_per_node_counts_with_per_device_node_selection():
     ]
 
 
+# --- shared counters, pool-wide since Kubernetes 1.35 ------------------------------------------------
+GI = 2**30
+GPU = "gpu.example.com"
+
+
+def counters_slice(name: str, driver: str, pool: str, sets: dict[str, dict[str, str]], **spec: Any) -> dict[str, Any]:
+    """A counters-only slice (since 1.35 a slice holds either sharedCounters or devices)."""
+    obj = slice_obj(name, driver, pool, [], **spec)
+    del obj["spec"]["devices"]
+    obj["spec"]["sharedCounters"] = [
+        {"name": set_name, "counters": {c: {"value": v} for c, v in counters.items()}}
+        for set_name, counters in sets.items()
+    ]
+    return obj
+
+
+def partition(
+    name: str, memory: str, profile: str | None = None, counter_set: str = "gpu-0-counters"
+) -> dict[str, Any]:
+    dev: dict[str, Any] = {
+        "name": name,
+        "capacity": {"memory": {"value": memory}},
+        "consumesCounters": [{"counterSet": counter_set, "counters": {"memory": {"value": memory}}}],
+    }
+    if profile is not None:
+        dev["attributes"] = {"profile": {"string": profile}}
+    return dev
+
+
+def node_p(generation: int = 1, memory: str = "80Gi", suffix: str = "") -> list[dict[str, Any]]:
+    """The pool measured against a real 1.37 scheduler (kubernetes-current.md): a counters slice
+    and a device slice; the device slice names the attribute that gives each partition's type."""
+    return [
+        counters_slice(
+            f"node-p-counters{suffix}",
+            GPU,
+            "node-p",
+            {"gpu-0-counters": {"memory": memory}},
+            nodeName="node-p",
+            count=2,
+            generation=generation,
+        ),
+        slice_obj(
+            "node-p-devices",
+            GPU,
+            "node-p",
+            [
+                partition("gpu-0-full", "80Gi", "full"),
+                partition("gpu-0-half-a", "40Gi", "half"),
+                partition("gpu-0-half-b", "40Gi", "half"),
+            ],
+            nodeName="node-p",
+            count=2,
+            generation=generation,
+            partitionTypeAttribute=f"{GPU}/profile",
+        ),
+    ]
+
+
+def gpu_claim(name: str, *devices: str, pool: str = "node-p") -> dict[str, Any]:
+    return claim_obj(name, [result(d, driver=GPU, pool=pool) for d in devices])
+
+
+def pool_view(world: World, pool: str = "node-p") -> dict[str, dict[str, float]]:
+    """One pool's families: Prometheus name -> {its labels but driver and pool: value}."""
+    out: dict[str, dict[str, float]] = {}
+    for name, lines in world.joined().items():
+        for line in lines if name.startswith("kube_resourcepool_") else ():
+            series, value = line.rsplit(" ", 1)
+            labels = series.split("{")[1].rstrip("}").split(",")
+            if f'pool="{pool}"' in labels:
+                rest = ",".join(label for label in labels if not label.startswith(("driver=", "pool=")))
+                out.setdefault(name, {})[rest] = float(value)
+    return out
+
+
+NODE = 'node_name="node-p"'
+FULL, HALF = f'{NODE},partition_type="full"', f'{NODE},partition_type="half"'
+MEMORY = f'counter="memory",counter_set="gpu-0-counters",{NODE}'
+
+
+def test_counters_are_shared_pool_wide_as_measured_on_kubernetes_1_37():
+    w = World()
+    for obj in node_p():
+        w.slices.upsert(obj)
+    w.claims.upsert(gpu_claim("a", "gpu-0-half-a"))
+    # The scheduler refuses the full GPU (40Gi of 80Gi are left) and gives out half-b: one free device.
+    assert pool_view(w) == {
+        "kube_resourcepool_generation": {"": 1.0},
+        "kube_resourcepool_incomplete": {"": 0.0},
+        "kube_resourcepool_invalid": {"": 0.0},
+        "kube_resourcepool_devices": {NODE: 3.0},
+        "kube_resourcepool_devices_allocated": {NODE: 1.0},
+        "kube_resourcepool_devices_free": {NODE: 1.0},
+        "kube_resourcepool_partitions": {FULL: 1.0, HALF: 2.0},
+        "kube_resourcepool_partitions_allocated": {FULL: 0.0, HALF: 1.0},
+        "kube_resourcepool_partitions_free": {FULL: 0.0, HALF: 1.0},
+        "kube_resourcepool_counter_set_capacity": {MEMORY: 80.0 * GI},
+        "kube_resourcepool_counter_set_free": {MEMORY: 40.0 * GI},
+    }
+    # Per slice: capacity and free where the set is defined, the counters slice.
+    labels = 'counter="memory",counter_set="gpu-0-counters",driver="gpu.example.com",node_name="node-p",pool="node-p"'
+    [capacity] = [b"".join(c.data for c in chunks) for g, chunks in w.slices.blocks() if "counter_set" in g.prom_name]
+    assert capacity.decode() == (
+        f'kube_resourceslice_counter_set_capacity{{{labels},resourceslice_name="node-p-counters"}} 8.589934592e+10\n'
+    )
+    assert w.samples("kube_resourceslice_counter_set_free") == {
+        f'kube_resourceslice_counter_set_free{{{labels},resourceslice_name="node-p-counters"}}': 40.0 * GI
+    }
+    # A NoSchedule DeviceTaintRule on half-b: nothing is free.
+    rule = {
+        "metadata": _meta("drain-half-b"),
+        "spec": {
+            "deviceSelector": {"driver": GPU, "pool": "node-p", "device": "gpu-0-half-b"},
+            "taint": {"key": "example.com/drain", "effect": "NoSchedule"},
+        },
+    }
+    w.rules.upsert(rule)
+    assert pool_view(w)["kube_resourcepool_devices_free"] == {NODE: 0.0}
+    assert pool_view(w)["kube_resourcepool_partitions_free"] == {FULL: 0.0, HALF: 0.0}
+    w.rules.delete(rule)
+    assert pool_view(w)["kube_resourcepool_devices_free"] == {NODE: 1.0}
+    # Both halves allocated: no memory left.
+    w.claims.upsert(gpu_claim("b", "gpu-0-half-b"))
+    view = pool_view(w)
+    assert view["kube_resourcepool_devices_free"] == {NODE: 0.0}
+    assert view["kube_resourcepool_counter_set_free"] == {MEMORY: 0.0}
+    assert _value(w, "kube_resourceslice_counter_set_free", resourceslice_name="node-p-counters") == 0.0
+    # Released again.
+    w.claims.delete(gpu_claim("a"))
+    assert pool_view(w)["kube_resourcepool_devices_free"] == {NODE: 1.0}  # half-a; the full GPU needs 80Gi
+    w.claims.delete(gpu_claim("b"))
+    view = pool_view(w)
+    assert view["kube_resourcepool_devices_free"] == {NODE: 3.0}
+    assert view["kube_resourcepool_counter_set_free"] == {MEMORY: 80.0 * GI}
+    # The full GPU taken: neither half fits.
+    w.claims.upsert(gpu_claim("c", "gpu-0-full"))
+    assert pool_view(w)["kube_resourcepool_partitions_free"] == {FULL: 0.0, HALF: 0.0}
+
+
+def test_counters_join_is_the_same_whatever_order_slices_and_claims_come_in():
+    claim = gpu_claim("a", "gpu-0-half-a")
+    results = []
+    for order in ([0, 1, "claim"], [1, 0, "claim"], ["claim", 1, 0], [1, "claim", 0]):
+        w = World()
+        objs = node_p()
+        for step in order:
+            if step == "claim":
+                w.claims.upsert(claim)
+            else:
+                w.slices.upsert(objs[step])  # type: ignore[index]
+        results.append(w.joined())
+    assert all(r == results[0] for r in results)
+    # A counters slice that goes away (the pool is incomplete) and comes back.
+    w = World()
+    objs = node_p()
+    for obj in objs:
+        w.slices.upsert(obj)
+    w.claims.upsert(claim)
+    w.slices.delete(objs[0])
+    assert pool_view(w)["kube_resourcepool_incomplete"] == {"": 1.0}
+    assert "kube_resourcepool_devices_free" not in pool_view(w)
+    w.slices.upsert(node_p()[0])
+    assert w.joined() == results[0]
+
+
+def test_pool_with_a_device_consuming_an_undefined_counter_set_is_invalid():
+    w = World()
+    devices = slice_obj(
+        "devs", GPU, "q", [partition("x", "40Gi", counter_set="gpu-1-counters"), {"name": "plain"}], count=2
+    )
+    w.slices.upsert(devices)
+    # Incomplete: the counters slice may not be published yet.
+    assert pool_view(w, "q")["kube_resourcepool_invalid"] == {"": 0.0}
+    assert pool_view(w, "q")["kube_resourcepool_incomplete"] == {"": 1.0}
+    w.slices.upsert(counters_slice("ctrs", GPU, "q", {"gpu-0-counters": {"memory": "80Gi"}}, count=2))
+    view = pool_view(w, "q")
+    assert (view["kube_resourcepool_incomplete"], view["kube_resourcepool_invalid"]) == ({"": 0.0}, {"": 1.0})
+    # An invalid pool gets no counts at all (the scheduler allocates nothing from it, "plain" included).
+    assert set(view) == {"kube_resourcepool_generation", "kube_resourcepool_incomplete", "kube_resourcepool_invalid"}
+    # The set exists but lacks the counter consumed.
+    w.slices.upsert(counters_slice("ctrs", GPU, "q", {"gpu-1-counters": {"cores": "8"}}, count=2))
+    assert pool_view(w, "q")["kube_resourcepool_invalid"] == {"": 1.0}
+    w.slices.upsert(counters_slice("ctrs", GPU, "q", {"gpu-1-counters": {"memory": "80Gi", "cores": "8"}}, count=2))
+    view = pool_view(w, "q")
+    assert view["kube_resourcepool_invalid"] == {"": 0.0}
+    assert view["kube_resourcepool_devices_free"] == {'node_name="n1"': 2.0}
+    assert view["kube_resourcepool_counter_set_free"] == {
+        'counter="cores",counter_set="gpu-1-counters",node_name="n1"': 8.0,
+        'counter="memory",counter_set="gpu-1-counters",node_name="n1"': 80.0 * GI,
+    }
+    # Counter set names are unique in a pool: a second slice defining the same set is invalid.
+    w.slices.upsert(slice_obj("devs", GPU, "q", devices["spec"]["devices"], count=3))
+    w.slices.upsert(counters_slice("ctrs", GPU, "q", {"gpu-1-counters": {"memory": "80Gi"}}, count=3))
+    w.slices.upsert(counters_slice("ctrs-2", GPU, "q", {"gpu-1-counters": {"memory": "80Gi"}}, count=3))
+    assert pool_view(w, "q")["kube_resourcepool_invalid"] == {"": 1.0}
+    w.slices.upsert(counters_slice("ctrs-2", GPU, "q", {"gpu-2-counters": {"memory": "80Gi"}}, count=3))
+    assert pool_view(w, "q")["kube_resourcepool_invalid"] == {"": 0.0}
+
+
+def test_pool_wide_counters_are_joined_per_generation():
+    w = World()
+    for obj in node_p(generation=1):
+        w.slices.upsert(obj)
+    w.claims.upsert(gpu_claim("a", "gpu-0-half-a"))
+    # The driver republishes the pool as generation 2 with more memory and a quarter partition;
+    # generation 1 lingers. Slices of one generation never consume from another's sets.
+    new_counters = node_p(generation=2, memory="96Gi", suffix="-2")[0]
+    w.slices.upsert(new_counters)
+    view = pool_view(w)
+    assert (view["kube_resourcepool_generation"], view["kube_resourcepool_incomplete"]) == ({"": 2.0}, {"": 1.0})
+    assert "kube_resourcepool_counter_set_free" not in view  # no counts while incomplete
+    new_devices = slice_obj(
+        "node-p-devices-2",
+        GPU,
+        "node-p",
+        [
+            partition("gpu-0-full", "96Gi"),
+            partition("gpu-0-half-a", "48Gi"),
+            partition("gpu-0-half-b", "48Gi"),
+            partition("gpu-0-quarter", "24Gi"),
+        ],
+        nodeName="node-p",
+        count=2,
+        generation=2,
+    )
+    w.slices.upsert(new_devices)
+    w.claims.upsert(gpu_claim("q", "gpu-0-quarter"))
+    view = pool_view(w)
+    # Generation 2: half-a (48Gi, joined by device name) and the quarter (24Gi) take 72Gi of 96Gi.
+    assert view["kube_resourcepool_counter_set_capacity"] == {MEMORY: 96.0 * GI}
+    assert view["kube_resourcepool_counter_set_free"] == {MEMORY: 24.0 * GI}
+    assert view["kube_resourcepool_devices"] == {NODE: 4.0}
+    assert view["kube_resourcepool_devices_free"] == {NODE: 0.0}  # half-b needs 48Gi
+    # No partitionTypeAttribute in generation 2: its partitions have no type.
+    assert view["kube_resourcepool_partitions_free"] == {f'{NODE},partition_type=""': 0.0}
+    # Generation 1's counters slice keeps its own free: only half-a (40Gi); it has no quarter.
+    assert _value(w, "kube_resourceslice_counter_set_free", resourceslice_name="node-p-counters") == 40.0 * GI
+    assert _value(w, "kube_resourceslice_counter_set_free", resourceslice_name="node-p-counters-2") == 24.0 * GI
+    # Generation 2 goes away: back to generation 1.
+    w.slices.delete(new_counters)
+    w.slices.delete(new_devices)
+    view = pool_view(w)
+    assert view["kube_resourcepool_counter_set_free"] == {MEMORY: 40.0 * GI}
+    assert view["kube_resourcepool_devices_free"] == {NODE: 1.0}
+
+
+def test_kubernetes_1_34_slices_with_their_own_counters():
+    """1.34: a slice defines counter sets and devices, and its devices consume from its own sets
+    only; two slices of a pool may each define a set of the same name."""
+    w = World()
+    for node in ("n1", "n2"):
+        w.slices.upsert(
+            slice_obj(
+                f"gpu-{node}",
+                GPU,
+                "shared",
+                [partition(f"{node}-full", "80Gi", "full"), partition(f"{node}-half", "40Gi", "half")],
+                nodeName=node,
+                count=2,
+                sharedCounters=[{"name": "gpu-0-counters", "counters": {"memory": {"value": "80Gi"}}}],
+                partitionTypeAttribute=f"{GPU}/profile",
+            )
+        )
+    w.claims.upsert(gpu_claim("a", "n1-half", pool="shared"))
+    view = pool_view(w, "shared")
+    assert view["kube_resourcepool_invalid"] == {"": 0.0}
+    assert view["kube_resourcepool_devices_free"] == {'node_name="n1"': 0.0, 'node_name="n2"': 2.0}
+    assert view["kube_resourcepool_counter_set_free"] == {
+        'counter="memory",counter_set="gpu-0-counters",node_name="n1"': 40.0 * GI,
+        'counter="memory",counter_set="gpu-0-counters",node_name="n2"': 80.0 * GI,
+    }
+    assert view["kube_resourcepool_partitions_allocated"] == {
+        'node_name="n1",partition_type="full"': 0.0,
+        'node_name="n1",partition_type="half"': 1.0,
+        'node_name="n2",partition_type="full"': 0.0,
+        'node_name="n2",partition_type="half"': 0.0,
+    }
+    assert _value(w, "kube_resourceslice_counter_set_free", resourceslice_name="gpu-n1") == 40.0 * GI
+    assert _value(w, "kube_resourceslice_counter_set_free", resourceslice_name="gpu-n2") == 80.0 * GI
+    # Two slices on one node with a set of the same name: one series, their sums.
+    w.slices.upsert(
+        slice_obj(
+            "gpu-n2",
+            GPU,
+            "shared",
+            [partition("n2-full", "80Gi")],
+            nodeName="n1",
+            count=2,
+            sharedCounters=[{"name": "gpu-0-counters", "counters": {"memory": {"value": "80Gi"}}}],
+        )
+    )
+    assert pool_view(w, "shared")["kube_resourcepool_counter_set_free"] == {
+        'counter="memory",counter_set="gpu-0-counters",node_name="n1"': 120.0 * GI
+    }
+
+
 def test_cost_resolution_and_unpriced_devices():
     w = World()
     for name, cost in (("big", "9.5"), ("small", "1.25"), ("nocost", None), ("bad", "1,5")):
@@ -393,10 +690,13 @@ def _random_world_ops(rng: random.Random, steps: int) -> list[tuple[str, str, di
             devices = []
             for i in range(rng.randrange(1, 5)):
                 dev: dict[str, Any] = {"name": f"x{rng.randrange(6)}", "nodeName": f"n{i % 2}"}
-                if rng.random() < 0.3:
-                    dev["consumesCounters"] = [
-                        {"counterSet": "cs", "counters": {"m": {"value": str(rng.randrange(1, 5))}}}
-                    ]
+                if rng.random() < 0.4:
+                    counters = {"m": {"value": str(rng.randrange(1, 5))}}
+                    if rng.random() < 0.2:
+                        counters["k"] = {"value": "1"}
+                    dev["consumesCounters"] = [{"counterSet": rng.choice(("cs", "cs", "cs2")), "counters": counters}]
+                    if rng.random() < 0.7:
+                        dev["attributes"] = {"profile": {"string": rng.choice(("small", "big"))}}
                 if rng.random() < 0.2:
                     dev["allowMultipleAllocations"] = True
                     dev["capacity"] = {"bw": {"value": "10", "requestPolicy": {"default": "3"}}}
@@ -404,11 +704,24 @@ def _random_world_ops(rng: random.Random, steps: int) -> list[tuple[str, str, di
                     dev["taints"] = [{"key": "k", "effect": rng.choice(("NoSchedule", "NoExecute", "None"))}]
                 devices.append(dev)
             spec: dict[str, Any] = {"perDeviceNodeSelection": True, "nodeName": None}
-            if rng.random() < 0.5:
+            shape = rng.random()
+            if shape < 0.3:  # 1.34: counters and devices in one slice
                 spec["sharedCounters"] = [{"name": "cs", "counters": {"m": {"value": "6"}}}]
+            elif shape < 0.55:  # 1.35+: a counters-only slice of the pool
+                spec = {"nodeName": rng.choice(("n0", "n1")), "sharedCounters": []}
+                for set_name in rng.sample(("cs", "cs2"), rng.randrange(1, 3)):
+                    counters = {"m": {"value": str(rng.randrange(3, 9))}}
+                    if rng.random() < 0.5:
+                        counters["k"] = {"value": "2"}
+                    spec["sharedCounters"].append({"name": set_name, "counters": counters})
+                devices = []
+            if devices and rng.random() < 0.5:
+                spec["partitionTypeAttribute"] = f"{driver}/profile"
             obj = slice_obj(
-                name, driver, pool, devices, generation=rng.randrange(1, 3), count=rng.randrange(1, 3), **spec
+                name, driver, pool, devices, generation=rng.randrange(1, 3), count=rng.randrange(1, 4), **spec
             )
+            if not devices:
+                del obj["spec"]["devices"]
             ops.append(("slice", name, None if rng.random() < 0.15 else obj))
         elif kind == "claim":
             name = f"c{rng.randrange(12)}"
@@ -506,20 +819,27 @@ def test_union_of_shards_equals_unsharded():
     assert all(sum(1 for lines in w.joined().values() for _ in lines) < sum(expected.values()) for w in shards)
 
 
-def test_work_per_claim_change_is_bounded_by_the_slices_it_touches(monkeypatch):
+@pytest.fixture
+def evaluated(monkeypatch) -> list[str]:
+    """The names of the slices evaluated (clear it before the change under test)."""
+    names: list[str] = []
+    real = joins.evaluate
+
+    def counting(s, *args):
+        names.append(s.name)
+        return real(s, *args)
+
+    monkeypatch.setattr(joins, "evaluate", counting)
+    return names
+
+
+def test_work_per_claim_change_is_bounded_by_the_slices_it_touches(evaluated):
     w = World()
     for i in range(200):
         w.slices.upsert(slice_obj(f"s{i:03d}", "d", f"p{i:03d}", [{"name": f"x{j}"} for j in range(8)]))
     for i in range(200):
         w.claims.upsert(claim_obj(f"c{i:03d}", [result("x0", pool=f"p{i:03d}")]))
-    evaluated: list[str] = []
-    real = joins.evaluate
-
-    def counting(s, *args):
-        evaluated.append(s.name)
-        return real(s, *args)
-
-    monkeypatch.setattr(joins, "evaluate", counting)
+    evaluated.clear()
     # Move one claim from one device to another of a different pool: two slices, nothing else.
     w.claims.upsert(claim_obj("c007", [result("x1", pool="p123")]))
     assert sorted(evaluated) == ["s007", "s123"]
@@ -528,4 +848,22 @@ def test_work_per_claim_change_is_bounded_by_the_slices_it_touches(monkeypatch):
     assert evaluated == []
     # A class change re-prices only its claims (no slice work).
     w.classes.upsert(class_obj("c1", "2"))
+    assert evaluated == []
+
+
+def test_work_per_claim_change_in_a_partitionable_pool_is_bounded_by_the_counter_set(evaluated):
+    w = World()
+    gpus = {f"gpu-{g}-counters": {"memory": "80Gi"} for g in range(4)}
+    w.slices.upsert(counters_slice("counters", GPU, "big", gpus, count=5))
+    for g in range(4):
+        devices = [partition(f"gpu-{g}-half-{h}", "40Gi", counter_set=f"gpu-{g}-counters") for h in "ab"]
+        w.slices.upsert(slice_obj(f"devices-{g}", GPU, "big", devices, count=5))
+    evaluated.clear()
+    # A claim takes a half of GPU 1: its slice and the slice defining its counter set, no other.
+    w.claims.upsert(gpu_claim("c", "gpu-1-half-a", pool="big"))
+    assert sorted(evaluated) == ["counters", "devices-1"]
+    assert pool_view(w, "big")["kube_resourcepool_devices_free"] == {'node_name="n1"': 7.0}
+    evaluated.clear()
+    # A status write that changes nothing the join uses costs nothing.
+    w.claims.upsert(claim_obj("c", [result("gpu-1-half-a", driver=GPU, pool="big")], reserved=False))
     assert evaluated == []

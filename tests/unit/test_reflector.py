@@ -196,3 +196,99 @@ def test_optional_resource_not_served_or_forbidden_is_logged_once_and_counts_as_
     final = reflector.state()
     assert final.synced and final.unavailable and "grant list and watch" in final.unavailable
     assert handler.objects == {}  # nothing stale is served
+
+
+def _discovery(served: dict[str, list[str]]):
+    """A client answering API discovery for resource.k8s.io as a release serves it: version ->
+    resource names (as /apis/resource.k8s.io/<version> lists them)."""
+
+    class Discovery:
+        def __init__(self):
+            self.paths = []
+
+        def get_json(self, path, query=None):
+            self.paths.append(path)
+            if path == "/apis/resource.k8s.io":
+                return {
+                    "kind": "APIGroup",
+                    "name": "resource.k8s.io",
+                    "versions": [{"groupVersion": f"resource.k8s.io/{v}", "version": v} for v in served],
+                    "preferredVersion": {"groupVersion": "resource.k8s.io/v1", "version": "v1"},
+                }
+            version = path.rsplit("/", 1)[1]
+            if served.get(version) is None:
+                raise ApiError(404, "Not Found")
+            return {
+                "kind": "APIResourceList",
+                "groupVersion": f"resource.k8s.io/{version}",
+                "resources": [{"name": n, "namespaced": False, "kind": "DeviceTaintRule"} for n in served[version]],
+            }
+
+    return Discovery()
+
+
+V1_RESOURCES = ["deviceclasses", "resourceclaims", "resourceclaims/status", "resourceclaimtemplates", "resourceslices"]
+TAINT_RULES = ["devicetaintrules", "devicetaintrules/status"]
+
+
+def test_discovery_prefers_v1_then_v1beta2_then_v1alpha3():
+    """What the releases serve (checked against real API servers of 1.34 and 1.37): the newest
+    version serving DeviceTaintRules wins; a version that lists no devicetaintrules is skipped."""
+    from otel_dra.cluster.devicetaintrule import discover
+
+    releases = {
+        # 1.34 with --runtime-config=resource.k8s.io/v1alpha3=true (no status subresource yet).
+        "1.34": ({"v1": V1_RESOURCES, "v1alpha3": ["devicetaintrules"]}, "resource.k8s.io/v1alpha3"),
+        # 1.34 without: not served.
+        "1.34 default": ({"v1": V1_RESOURCES, "v1beta2": V1_RESOURCES, "v1beta1": V1_RESOURCES}, None),
+        # 1.36 with the DRADeviceTaintRules gate and --runtime-config=resource.k8s.io/v1beta2=true.
+        "1.36": ({"v1": V1_RESOURCES, "v1beta2": V1_RESOURCES + TAINT_RULES}, "resource.k8s.io/v1beta2"),
+        # 1.37: GA, and the older versions too when enabled.
+        "1.37": (
+            {"v1": V1_RESOURCES + TAINT_RULES, "v1beta2": V1_RESOURCES + TAINT_RULES, "v1alpha3": TAINT_RULES},
+            "resource.k8s.io/v1",
+        ),
+        # 1.37 with --runtime-config=resource.k8s.io/v1/devicetaintrules=false and v1alpha3 on.
+        "1.37 v1 off": ({"v1": V1_RESOURCES, "v1alpha3": TAINT_RULES}, "resource.k8s.io/v1alpha3"),
+        "1.37 all off": ({"v1": V1_RESOURCES}, None),
+    }
+    for release, (served, expected) in releases.items():
+        client = _discovery(served)
+        found = discover(client)
+        assert (found.group_version if found else None) == expected, release
+        assert found is None or found.plural == "devicetaintrules"
+        if expected:  # nothing past the version that serves them is asked for
+            assert client.paths[-1] == f"/apis/{expected}", release
+
+
+def test_discovery_skips_a_version_gone_between_the_group_and_its_list():
+    from otel_dra.cluster.devicetaintrule import discover
+
+    client = _discovery({"v1": None, "v1beta2": V1_RESOURCES + TAINT_RULES})  # v1 listed, then 404
+    assert discover(client) == ResourceType("devicetaintrules", "resource.k8s.io/v1beta2")
+
+
+def test_the_discovered_version_is_logged_once_and_again_when_it_changes(caplog):
+    import logging
+
+    beta = ResourceType("devicetaintrules", "resource.k8s.io/v1beta2")
+    ga = ResourceType("devicetaintrules", "resource.k8s.io/v1")
+    answers = [beta, beta, beta, ga]  # relisted twice at v1beta2 (410s), then the cluster upgraded
+    page = {"metadata": {"resourceVersion": "3"}, "items": [_obj("rule", "2")]}
+    done = threading.Event()
+    client = _Client([page] * 4, [ApiError(410, "Gone")] * 3, done)
+    reflector = Reflector(
+        client, RT, _Handler(), backoff=(0.001, 0.002), discover=lambda c: answers.pop(0), unavailable_retry=0.01
+    )
+    with caplog.at_level(logging.INFO, logger="otel_dra.kube.reflector"):
+        thread = threading.Thread(target=reflector.run, daemon=True)
+        thread.start()
+        assert done.wait(5)
+        reflector.stop()
+        thread.join(5)
+    chosen = [r.getMessage() for r in caplog.records if "found by API discovery" in r.getMessage()]
+    assert chosen == [
+        "devicetaintrules: served at resource.k8s.io/v1beta2 (found by API discovery), watching it",
+        "devicetaintrules: served at resource.k8s.io/v1 (found by API discovery), watching it",
+    ]
+    assert reflector.resource == ga

@@ -17,7 +17,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from bench.memory import fill
 from bench.workload import Workload
 from otel_dra.cli import main
-from otel_dra.cluster import deviceclass, joins, resourceclaim, resourceslice
+from otel_dra.cluster import deviceclass, devicetaintrule, joins, pod, resourceclaim, resourceslice
 from otel_dra.cluster.exporter import SEED_FAMILIES, ClusterState, all_families
 from otel_dra.cluster.selection import EVERYTHING, FamilySelection
 from otel_dra.cluster.store import ObjectStore
@@ -185,13 +185,43 @@ def test_seed_only_builds_the_three_seed_stores_and_nothing_else():
                 "resourceclaims": ([f.prom_name for f in resourceclaim.FAMILIES + resourceclaim.STATE_FAMILIES], False),
                 "resourceslices": ([f.prom_name for f in resourceslice.FAMILIES + resourceslice.STATE_FAMILIES], False),
                 "deviceclasses": ([f.prom_name for f in deviceclass.FAMILIES + deviceclass.STATE_FAMILIES], False),
-                "devicetaintrules": (["kube_devicetaintrule_info"], False),
+                "devicetaintrules": (
+                    [f.prom_name for f in devicetaintrule.FAMILIES + devicetaintrule.STATE_FAMILIES],
+                    False,
+                ),
+                "pods": ([f.prom_name for f in pod.STATE_FAMILIES], False),
             },
         ),
+        # Shared counters pool-wide: the counter sets' capacity needs the slices only, what is left
+        # the claims too; free partitions the taint rules too.
+        (allow("kube_resourcepool_counter_set_capacity"), {"resourceslices": ([], True)}),
+        (
+            allow("kube_resourcepool_(counter_set_free|partitions_allocated)"),
+            {"resourceclaims": ([], True), "resourceslices": ([], True)},
+        ),
+        (
+            allow("kube_resourcepool_partitions_free"),
+            {"resourceclaims": ([], True), "resourceslices": ([], True), "devicetaintrules": ([], True)},
+        ),
+        # Pods: their own families only.
+        (allow("kube_pod_.+"), {"pods": ([f.prom_name for f in pod.STATE_FAMILIES], False)}),
+        (allow("kube_pod_resourceclaim_info"), {"pods": (["kube_pod_resourceclaim_info"], False)}),
     ],
 )
 def test_a_resource_is_watched_only_when_a_served_family_needs_it(families, expected):
     assert watched(state(families)) == expected
+
+
+def test_pods_are_watched_only_with_watch_pods_and_a_served_pod_family():
+    assert state().pods is not None and state(allow("kube_pod_.+")).pods is not None
+    assert state(pods=False).pods is None and "pods" not in watched(state(pods=False))
+    assert state(allow("kube_pod_.+"), pods=False).pods is None
+    s = state(deny("kube_pod_.+"))
+    assert s.pods is None and "pods" not in watched(s)
+    assert "pods" not in [r.resource.plural for r in s.reflectors]
+    # Optional: found by a discovery that always answers (a 403 is then RBAC's, logged once).
+    (reflector,) = [r for r in state().reflectors if r.resource.plural == "pods"]
+    assert reflector.discover is not None
 
 
 def test_the_joins_build_only_the_work_their_families_need():

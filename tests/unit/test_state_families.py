@@ -93,6 +93,21 @@ def load_golden(kinds: dict[str, Any]) -> None:
                     ],
                 }
             ]
+        if doc["kind"] == "DeviceTaintRule":
+            # As kube-controller-manager's device-taint-eviction controller (1.35+) writes it for a
+            # rule that does not evict.
+            obj["status"] = {
+                "conditions": [
+                    {
+                        "type": "EvictionInProgress",
+                        "status": "False",
+                        "reason": "OtherEffect",
+                        "message": "Eviction only happens for the NoExecute effect.",
+                        "observedGeneration": 1,
+                        "lastTransitionTime": "2026-11-30T01:02:05Z",
+                    }
+                ]
+            }
         kinds[doc["kind"]].upsert(obj)
 
 
@@ -248,3 +263,30 @@ def test_slice_parse_keeps_going_past_bad_counters_and_capacities():
     assert d.capacities == (("memory", 2**30),) and d.capacity == (2**30, None, None)
     assert d.counters == (("cs", (("m", 2**30),)),) and d.blocked
     assert len(problems) == 3
+
+
+def test_slice_parse_partition_type():
+    """partitionTypeAttribute (Kubernetes 1.37, alpha) names a device attribute by its fully
+    qualified name; a device of the driver's own domain may publish it bare."""
+    obj = {
+        "metadata": {"name": "s"},
+        "spec": {
+            "driver": "gpu.example.com",
+            "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1},
+            "nodeName": "n",
+            "partitionTypeAttribute": "gpu.example.com/profile",
+            "devices": [
+                {"name": "bare", "attributes": {"profile": {"string": "1g.10gb"}}},
+                {"name": "qualified", "attributes": {"gpu.example.com/profile": {"string": "3g.40gb"}}},
+                {"name": "other-domain", "attributes": {"other.example.com/profile": {"string": "x"}}},
+                {"name": "none"},
+                {"name": "junk", "attributes": ["not", "a", "map"]},
+            ],
+        },
+    }
+    problems: list[str] = []
+    s = resourceslice.parse(obj, problems.append)
+    assert [d.partition_type for d in s.devices] == ["1g.10gb", "3g.40gb", "", "", ""]
+    del obj["spec"]["partitionTypeAttribute"]
+    assert {d.partition_type for d in resourceslice.parse(obj, problems.append).devices} == {""}
+    assert problems == []

@@ -112,6 +112,7 @@ spec:
         {{- with .Values.exporter.metricDenylist }}
         - {{ printf "--metric-denylist=%s" (join "," .) | quote }}
         {{- end }}
+        - --watch-pods={{ .Values.exporter.watchPods }}
         {{- if .Values.sharding.enabled }}
         - --shard=auto
         - --total-shards={{ .Values.sharding.shards }}

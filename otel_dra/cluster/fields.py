@@ -1,0 +1,59 @@
+"""Fields that several resources share: timestamps and ``metav1.Condition`` lists."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+# The values of a condition's ``status`` label: the API's True/False/Unknown in lower case;
+# anything else counts as unknown.
+CONDITION_STATUSES = ("true", "false", "unknown")
+
+
+def parse_time(value: Any) -> float:
+    """An RFC 3339 timestamp (``2026-11-30T03:26:06Z``) as Unix seconds; ValueError otherwise."""
+    if not isinstance(value, str):
+        raise ValueError(f"not a timestamp: {value!r}")
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"not a timestamp: {value!r}") from None
+    if parsed.tzinfo is None:
+        raise ValueError(f"timestamp without a time zone: {value!r}")
+    return parsed.timestamp()
+
+
+def optional_time(value: Any, what: str, report: Callable[[str], None]) -> float | None:
+    """An optional timestamp field: None when unset; reported and None when it is not a timestamp."""
+    if value is None:
+        return None
+    try:
+        return parse_time(value)
+    except ValueError as exc:
+        report(f"{what}: {exc}; series omitted")
+        return None
+
+
+def conditions(raw: Any, what: str, report: Callable[[str], None]) -> tuple[tuple[str, str], ...]:
+    """A list of conditions as (type, status) pairs, status one of CONDITION_STATUSES. A list that
+    is not one, or an entry without a type, is reported and skipped; a repeated type keeps its
+    last entry (the API keys the list by type)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        report(f"{what} is not a list")
+        return ()
+    out: dict[str, str] = {}
+    for i, condition in enumerate(raw):
+        if not isinstance(condition, dict) or not isinstance(condition.get("type"), str):
+            report(f"{what}[{i}] has no type; skipped")
+            continue
+        state = str(condition.get("status", "")).lower()
+        out[condition["type"]] = state if state in ("true", "false") else "unknown"
+    return tuple(out.items())
+
+
+def condition_states(status: str) -> tuple[tuple[str, float], ...]:
+    """The state set of one condition: (status label, 1.0 for the condition's status else 0.0)."""
+    return tuple((state, 1.0 if state == status else 0.0) for state in CONDITION_STATUSES)

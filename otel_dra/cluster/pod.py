@@ -1,0 +1,209 @@
+"""Pods (core v1, namespaced): the DRA state a pod carries, joined to claims and devices.
+
+Only what these families need is kept per pod (its claim references and the health of its
+allocated devices); a pod without either keeps nothing but its name, so a large cluster's pods
+cost little memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from otel_dra.cluster.families import Family, Sample, family
+from otel_dra.kube.reflector import ResourceType
+
+RESOURCE = ResourceType("pods", "v1")
+
+# status.containerStatuses[].allocatedResourcesStatus[].resources[].health (core/v1 ResourceHealthStatus).
+HEALTH_STATES = ("Healthy", "Unhealthy", "Unknown")
+# allocatedResourcesStatus names of DRA resources: "claim:<claim>" or "claim:<claim>/<request>".
+_CLAIM_PREFIX = "claim:"
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    """One spec.resourceClaims entry, with the ResourceClaim it resolved to."""
+
+    name: str  # the entry's name inside the pod
+    resourceclaim: str  # resourceClaimName, or the generated claim of status.resourceClaimStatuses
+    template: str  # resourceClaimTemplateName
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceHealth:
+    container: str
+    resourceclaim: str
+    request: str
+    driver: str
+    pool: str
+    device: str
+    health: str  # one of HEALTH_STATES
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    namespace: str
+    name: str
+    uid: str
+    claims: tuple[ClaimRef, ...] = ()
+    health: tuple[DeviceHealth, ...] = ()
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _claim_refs(spec: dict[str, Any], status: dict[str, Any]) -> tuple[ClaimRef, ...]:
+    generated = {
+        _text(entry.get("name")): _text(entry.get("resourceClaimName"))
+        for entry in _list(status.get("resourceClaimStatuses"))
+        if isinstance(entry, dict)
+    }
+    refs = []
+    for entry in _list(spec.get("resourceClaims")):
+        if not isinstance(entry, dict) or not _text(entry.get("name")):
+            continue
+        name = _text(entry["name"])
+        direct = _text(entry.get("resourceClaimName"))
+        refs.append(ClaimRef(name, direct or generated.get(name, ""), _text(entry.get("resourceClaimTemplateName"))))
+    return tuple(refs)
+
+
+def _device_health(
+    status: dict[str, Any], claims: tuple[ClaimRef, ...], report: Callable[[str], None]
+) -> tuple[DeviceHealth, ...]:
+    # A status names the pod's claim entry; extended-resource claims (made by the scheduler) are
+    # named by the generated ResourceClaim itself.
+    resolved = {ref.name: ref.resourceclaim or ref.name for ref in claims}
+    out = []
+    for container in (*_list(status.get("initContainerStatuses")), *_list(status.get("containerStatuses"))):
+        if not isinstance(container, dict):
+            continue
+        for resource in _list(container.get("allocatedResourcesStatus")):
+            name = _text(resource.get("name")) if isinstance(resource, dict) else ""
+            if not name.startswith(_CLAIM_PREFIX):
+                continue  # a device-plugin resource, not DRA
+            claim, _, request = name.removeprefix(_CLAIM_PREFIX).partition("/")
+            for item in _list(resource.get("resources")):
+                resource_id = _text(item.get("resourceID")) if isinstance(item, dict) else ""
+                parts = resource_id.split("/")
+                if len(parts) != 3 or not all(parts):
+                    report(
+                        f"allocatedResourcesStatus {name}: resourceID {resource_id!r} is not <driver>/<pool>/<device>"
+                    )
+                    continue
+                health = _text(item.get("health")) or "Unknown"
+                if health not in HEALTH_STATES:
+                    report(f"allocatedResourcesStatus {name}: unknown health {health!r}, reported as Unknown")
+                    health = "Unknown"
+                driver, pool, device = parts
+                owner = _text(container.get("name"))
+                out.append(DeviceHealth(owner, resolved.get(claim, claim), request, driver, pool, device, health))
+    return tuple(out)
+
+
+# The fields of Pod that only some families read (Family.fields); a parser made for a set of them
+# leaves the others empty (memory: a family that is off keeps nothing).
+FIELDS = frozenset({"claims", "health"})
+
+
+def make_parser(keep: Collection[str] = FIELDS) -> Callable[[dict[str, Any], Callable[[str], None]], Pod]:
+    """A parser that fills only the optional fields in ``keep`` (names of other types ignored)."""
+    wanted = FIELDS.intersection(keep)
+
+    def parse(obj: dict[str, Any], report: Callable[[str], None]) -> Pod:
+        return _parse(obj, report, wanted)
+
+    return parse
+
+
+def parse(obj: dict[str, Any], report: Callable[[str], None]) -> Pod:
+    return _parse(obj, report, FIELDS)
+
+
+def _parse(obj: dict[str, Any], report: Callable[[str], None], keep: frozenset[str]) -> Pod:
+    meta = obj.get("metadata") or {}
+    spec = _dict(obj.get("spec"))
+    status = _dict(obj.get("status"))
+    # The health entries name the pod's claim entries: resolved through its references.
+    claims = _claim_refs(spec, status) if keep else ()
+    return Pod(
+        namespace=_text(meta.get("namespace")),
+        name=_text(meta.get("name")),
+        uid=_text(meta.get("uid")),
+        claims=claims if "claims" in keep else (),
+        health=_device_health(status, claims, report) if "health" in keep else (),
+    )
+
+
+def _claim_info(p: Pod) -> Iterable[Sample]:
+    for ref in p.claims:
+        yield (p.namespace, p.name, p.uid, ref.name, ref.resourceclaim, ref.template), 1.0
+
+
+def _health(p: Pod) -> Iterable[Sample]:
+    for d in p.health:
+        for state in HEALTH_STATES:
+            yield (
+                (
+                    p.namespace,
+                    p.name,
+                    p.uid,
+                    d.container,
+                    d.resourceclaim,
+                    d.request,
+                    d.driver,
+                    d.pool,
+                    d.device,
+                    state,
+                ),
+                1.0 if state == d.health else 0.0,
+            )
+
+
+STATE_FAMILIES: tuple[Family[Pod], ...] = (
+    # Named and labelled as kube-state-metrics (2.20) names and labels it, so queries written for
+    # one work with the other.
+    family(
+        "kube_pod_resourceclaim_info",
+        "",
+        "One per entry of the pod's spec.resourceClaims, with the ResourceClaim it refers to "
+        "(resourceClaimName, or the claim generated from the template as status.resourceClaimStatuses names it).",
+        ("namespace", "pod", "uid", "claim_name", "resourceclaim_name", "resourceclaim_template_name"),
+        _claim_info,
+        stability="experimental",
+        fields=("claims",),
+    ),
+    family(
+        "kube_pod_resourceclaim_device_health",
+        "",
+        "Health of each DRA device allocated to the pod's containers, as the kubelet reports it in "
+        "status.containerStatuses[].allocatedResourcesStatus (1 for the current state).",
+        (
+            "namespace",
+            "pod",
+            "uid",
+            "container",
+            "resourceclaim_name",
+            "request",
+            "driver",
+            "pool",
+            "device_name",
+            "health",
+        ),
+        _health,
+        stability="experimental",
+        kubernetes="1.36",
+        fields=("health",),
+    ),
+)
