@@ -1,6 +1,6 @@
 """In-process memory of the exporter's cache at N claims, without an API server or HTTP.
 
-    python -m bench.memory 100000 [--otlp]
+    python -m bench.memory 100000 [--otlp] [--allowlist REGEXES]
     python -m bench.memory 100000 --exporter-path /tmp/older-tree     # another version of otel_dra
 
 Feeds the stores of a ClusterState the bench/workload.py objects (DeviceClasses, slices, claims),
@@ -45,21 +45,42 @@ def _objects(make: Callable[[int], dict[str, Any]], count: int, prefix: str) -> 
         yield obj
 
 
-def measure(claims: int, otlp: bool) -> dict[str, Any]:
+def fill(state: Any, w: Any) -> None:
+    """Feed ``state``'s ``classes``, ``slices`` and ``claims`` stores the objects of Workload ``w``,
+    each as one full list in key order (a store that is None, a resource not watched, is skipped)."""
+    from bench.workload import claim, device_class, resource_slice
+
+    # The API server lists by key: namespace, then name.
+    order = [j for ns in range(w.namespaces) for j in range(ns, w.claims, w.namespaces)]
+    for store, make, count, prefix in (
+        (state.classes, device_class, w.classes, "d"),
+        (state.slices, lambda i: resource_slice(i, w), w.slices, "s"),
+        (state.claims, lambda i: claim(order[i], w), w.claims, "c"),
+    ):
+        if store is not None:
+            store.replace(_objects(make, count, prefix))
+
+
+def measure(claims: int, otlp: bool, allowlist: str = "") -> dict[str, Any]:
     from opentelemetry.sdk.metrics import MeterProvider
 
-    from bench.workload import Workload, claim, device_class, resource_slice
+    from bench.workload import Workload
     from otel_dra.cluster.exporter import ClusterState
 
     w = Workload(claims=claims, namespaces=100, classes=50)
-    state = ClusterState(object(), MeterProvider(), otlp=otlp)  # type: ignore[arg-type]
+    options: dict[str, Any] = {}
+    if allowlist:  # the version measured has metric lists
+        from bench.scale import SEED_ALLOWLIST
+        from otel_dra.cluster.exporter import all_families
+        from otel_dra.cluster.selection import FamilySelection
+
+        names = [f.prom_name for f in all_families()]
+        entries = SEED_ALLOWLIST if allowlist == "seed" else allowlist
+        options["families"] = FamilySelection.parse(entries, allow=True, names=names)
+    state = ClusterState(object(), MeterProvider(), otlp=otlp, **options)  # type: ignore[arg-type]
     before = rss_mib()
     start = time.perf_counter()
-    state.classes.replace(_objects(device_class, w.classes, "d"))
-    state.slices.replace(_objects(lambda i: resource_slice(i, w), w.slices, "s"))
-    # The API server lists by key: namespace, then name.
-    order = [j for ns in range(w.namespaces) for j in range(ns, w.claims, w.namespaces)]
-    state.claims.replace(_objects(lambda i: claim(order[i], w), w.claims, "c"))
+    fill(state, w)
     build = time.perf_counter() - start
     stores = getattr(state, "series_stores", state.stores)  # older versions have no joins
     body = sum(len(c.data) for s in stores for _, chunks in s.blocks() for c in chunks)
@@ -73,6 +94,7 @@ def measure(claims: int, otlp: bool) -> dict[str, Any]:
     return {
         "claims": claims,
         "otlp": otlp,
+        "allowlist": allowlist,
         "build_s": round(build, 1),
         "first_push_points_s": round(first_push, 1),
         "body_mb": round(body / 1e6, 1),
@@ -86,15 +108,17 @@ def main() -> int:
     parser.add_argument("claims", type=int)
     parser.add_argument("--otlp", action="store_true", help="also encode OTLP points (as when pushing)")
     parser.add_argument("--exporter-path", type=Path, default=None, help="measure otel_dra from this source tree")
+    parser.add_argument("--allowlist", default="", help="a --metric-allowlist; seed: the seven seed families")
     args = parser.parse_args()
     if args.exporter_path is not None:
         from bench.scale import exporter_pythonpath
 
         cmd = [sys.executable, "-m", "bench.memory", str(args.claims), *(["--otlp"] if args.otlp else [])]
+        cmd += ["--allowlist", args.allowlist] if args.allowlist else []
         env_path = exporter_pythonpath(args.exporter_path.resolve())
         env = {**os.environ, "PYTHONPATH": f"{env_path}:{Path(__file__).resolve().parents[1]}"}
         return subprocess.run(cmd, env=env, check=False).returncode
-    print(json.dumps(measure(args.claims, args.otlp)))
+    print(json.dumps(measure(args.claims, args.otlp, args.allowlist)))
     return 0
 
 

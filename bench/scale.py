@@ -18,6 +18,9 @@ E. the exporter of A under 100 re-allocations/s (bench/churn.py realloc: each de
    scrape latency, collection time, and the lag from a re-allocation to the pool aggregate
    (kube_resourcepool_devices_allocated) showing it.
 
+``--families all,seed`` runs phase A once more per further family set (seed: only the seven seed
+families, ``--metric-allowlist``), on the same loaded testbed, before the first set's phase A.
+
 ``--exporter-path DIR`` runs the exporter processes from another source tree (put first on
 PYTHONPATH), e.g. an export of an older commit, to compare two versions with the same harness.
 """
@@ -39,6 +42,7 @@ from typing import Any
 from bench.baseline import scrape_once
 from bench.exporter import Exporter, api_requests, free_port, get, machine, percentile
 from bench.workload import DRIVER, Workload, load
+from otel_dra.cluster.exporter import SEED_FAMILIES, all_families
 from otel_dra.fixtures import create
 from otel_dra.kube.client import KubeClient, load_credentials
 from otel_dra.testbed import find_binaries, running
@@ -85,19 +89,8 @@ EXPORTER_ENV: dict[str, str] = {}
 def series_counts(body: bytes) -> dict[str, Any]:
     """Samples served, split into the seven seed families, the families beyond the seed, and the rest
     (self-metrics, target_info)."""
-    from otel_dra.cluster import deviceclass, devicetaintrule, joins, resourceclaim, resourceslice
-    from otel_dra.cluster.families import Family
-
-    seeds: list[Family[Any]] = [*resourceclaim.FAMILIES, *resourceslice.FAMILIES, *deviceclass.FAMILIES]
-    new: list[Family[Any]] = [
-        *resourceclaim.STATE_FAMILIES,
-        *resourceslice.STATE_FAMILIES,
-        *deviceclass.STATE_FAMILIES,
-        *devicetaintrule.STATE_FAMILIES,
-        *joins.ALL_FAMILIES,
-    ]
-    seed = {f.prom_name for f in seeds}
-    beyond = {f.prom_name for f in new}
+    seed = {f.prom_name for f in SEED_FAMILIES}
+    beyond = {f.prom_name for f in all_families()} - seed
     by_family: dict[str, int] = {}
     other = 0
     for line in body.splitlines():
@@ -254,7 +247,82 @@ def overlap_scrapes(
     return {prefix + k: v for k, v in out.items()}
 
 
-def run_size(n: int, k: int, workdir: Path, phases: str = "ABCD") -> dict[str, Any]:
+# --families: what the exporter serves, as environment (phase A runs once per set, B-E with the first).
+SEED_ALLOWLIST = ",".join(f.prom_name for f in SEED_FAMILIES)
+FAMILY_SETS: dict[str, dict[str, str]] = {"all": {}, "seed": {"OTEL_DRA_METRIC_ALLOWLIST": SEED_ALLOWLIST}}
+
+
+def phase_a(
+    r: dict[str, Any], n: int, k: int, kubeconfig: str, admin: KubeClient, workdir: Path, families: str
+) -> Exporter:
+    """Phase A into ``r`` with the exporter serving the family set ``families``: initial sync,
+    scrapes plain and gzip, API requests per scrape, series, collection time, RSS. Returns the
+    running exporter."""
+    env = {**EXPORTER_ENV, **FAMILY_SETS[families]}
+    ex = Exporter(kubeconfig, workdir / f"exporter-{families}-{n}.log", prefix=PIN["exporter"], env=env)
+    r["families"] = families
+    r["initial_sync_s"] = round(ex.wait_ready(), 2)
+    for _ in range(2):
+        curl_time(ex.port)
+    before = api_requests(admin)
+    r["scrape"] = scrapes(ex.port, k)
+    r["scrape_gzip"] = scrapes(ex.port, k, gzip=True)
+    r["api_requests_per_scrape"] = (api_requests(admin) - before) / (2 * k)
+    _code, body = get(f"http://127.0.0.1:{ex.port}/metrics")
+    r["series"] = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+    r.update(series_counts(body))
+    r["body_mb"] = round(len(body) / 1e6, 1)
+    s, c = self_metric(ex.port, "otel_dra_collection_duration_seconds", "prometheus")
+    cs, cc = self_metric(ex.port, "otel_dra_collection_cpu_time_seconds", "prometheus")
+    r["collection_ms_mean"] = round(1000 * s / c, 2)
+    r["collection_cpu_ms_mean"] = round(1000 * cs / cc, 2)
+    r["rss_mib"], r["peak_rss_mib"] = ex.rss_mib()
+    print(f"[{n}] A ({families}) {r['scrape']} gzip {r['scrape_gzip']} rss {r['rss_mib']}", flush=True)
+    return ex
+
+
+def otlp_phase(r: dict[str, Any], n: int, k: int, kubeconfig: str, workdir: Path, families: str) -> None:
+    """Phase D into ``r``: an exporter serving ``families`` and pushing OTLP to a sink, scraped meanwhile."""
+    sink_port = free_port()
+    sink = subprocess.Popen([*PIN["sink"], sys.executable, "-m", "bench.sink", str(sink_port)])
+    ex = Exporter(
+        kubeconfig,
+        workdir / f"exporter-otlp-{n}.log",
+        env={
+            **EXPORTER_ENV,
+            **FAMILY_SETS[families],
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_METRIC_EXPORT_INTERVAL": str(int(OVERLAP["interval"] * 1000)),
+        },
+        prefix=PIN["exporter"],
+    )
+    r["otlp_initial_sync_s"] = round(ex.wait_ready(), 2)
+    deadline = time.monotonic() + 600
+    while self_metric(ex.port, "otel_dra_collection_duration_seconds", "otlp")[1] < 2:
+        if time.monotonic() > deadline:
+            raise RuntimeError("no OTLP pushes")
+        time.sleep(1)
+    r["otlp_scrape"] = scrapes(ex.port, k)
+    r.update(overlap_scrapes(ex.port, sink_port, r["scrape"], seconds=OVERLAP["seconds"]))
+    r.update(overlap_scrapes(ex.port, sink_port, r["scrape"], seconds=60, gap=0.5, prefix="spaced_"))
+    r["otlp_interval_s"] = OVERLAP["interval"]
+    s, c = self_metric(ex.port, "otel_dra_collection_duration_seconds", "otlp")
+    cs, cc = self_metric(ex.port, "otel_dra_collection_cpu_time_seconds", "otlp")
+    r["otlp_push_wall_s_mean"] = round(s / c, 3)
+    r["otlp_push_cpu_s_mean"] = round(cs / cc, 3)
+    r["otlp_pushes"] = int(c)
+    r["otlp_bytes_received"] = int(json.loads(get(f"http://127.0.0.1:{sink_port}/")[1] or b"0"))
+    r["otlp_scrape_slowdown"] = round(r["otlp_scrape"]["p50_ms"] / r["scrape"]["p50_ms"], 2)
+    r["otlp_rss_mib"], r["otlp_peak_rss_mib"] = ex.rss_mib()
+    ex.stop()
+    sink.terminate()
+    print(f"[{n}] D push {r['otlp_push_cpu_s_mean']} s CPU, scrape {r['otlp_scrape']}", flush=True)
+
+
+def run_size(
+    n: int, k: int, workdir: Path, phases: str = "ABCD", families: tuple[str, ...] = ("all",)
+) -> dict[str, Any]:
     w = Workload(claims=n, namespaces=100, classes=50)
     r: dict[str, Any] = {
         "claims": n,
@@ -269,25 +337,11 @@ def run_size(n: int, k: int, workdir: Path, phases: str = "ABCD") -> dict[str, A
         r["load_s"] = round(load(admin, w, concurrency=16), 1)
         print(f"[{n}] loaded in {r['load_s']}s", flush=True)
 
-        # A: Prometheus only
-        ex = Exporter(kubeconfig, workdir / f"exporter-{n}.log", prefix=PIN["exporter"], env=EXPORTER_ENV)
-        r["initial_sync_s"] = round(ex.wait_ready(), 2)
-        for _ in range(2):
-            curl_time(ex.port)
-        before = api_requests(admin)
-        r["scrape"] = scrapes(ex.port, k)
-        r["scrape_gzip"] = scrapes(ex.port, k, gzip=True)
-        r["api_requests_per_scrape"] = (api_requests(admin) - before) / (2 * k)
-        _code, body = get(f"http://127.0.0.1:{ex.port}/metrics")
-        r["series"] = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
-        r.update(series_counts(body))
-        r["body_mb"] = round(len(body) / 1e6, 1)
-        s, c = self_metric(ex.port, "otel_dra_collection_duration_seconds", "prometheus")
-        cs, cc = self_metric(ex.port, "otel_dra_collection_cpu_time_seconds", "prometheus")
-        r["collection_ms_mean"] = round(1000 * s / c, 2)
-        r["collection_cpu_ms_mean"] = round(1000 * cs / cc, 2)
-        r["rss_mib"], r["peak_rss_mib"] = ex.rss_mib()
-        print(f"[{n}] A {r['scrape']} gzip {r['scrape_gzip']} rss {r['rss_mib']}", flush=True)
+        # A with the other family sets first (one exporter at a time), then with the first one,
+        # whose exporter phases B and E go on measuring.
+        for name in families[1:]:
+            phase_a(r.setdefault(f"families_{name}", {}), n, k, kubeconfig, admin, workdir, name).stop()
+        ex = phase_a(r, n, k, kubeconfig, admin, workdir, families[0])
 
         if "B" not in phases and "E" not in phases:
             ex.stop()
@@ -313,40 +367,8 @@ def run_size(n: int, k: int, workdir: Path, phases: str = "ABCD") -> dict[str, A
             print(f"[{n}] C baseline {r['baseline_scrape_ms']} ms", flush=True)
 
         # D: OTLP push every OVERLAP['interval'] seconds
-        sink_port = free_port()
-        sink = subprocess.Popen([*PIN["sink"], sys.executable, "-m", "bench.sink", str(sink_port)])
-        ex = Exporter(
-            kubeconfig,
-            workdir / f"exporter-otlp-{n}.log",
-            env={
-                **EXPORTER_ENV,
-                "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}",
-                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-                "OTEL_METRIC_EXPORT_INTERVAL": str(int(OVERLAP["interval"] * 1000)),
-            },
-            prefix=PIN["exporter"],
-        )
-        r["otlp_initial_sync_s"] = round(ex.wait_ready(), 2)
-        deadline = time.monotonic() + 600
-        while self_metric(ex.port, "otel_dra_collection_duration_seconds", "otlp")[1] < 2:
-            if time.monotonic() > deadline:
-                raise RuntimeError("no OTLP pushes")
-            time.sleep(1)
-        r["otlp_scrape"] = scrapes(ex.port, k)
-        r.update(overlap_scrapes(ex.port, sink_port, r["scrape"], seconds=OVERLAP["seconds"]))
-        r.update(overlap_scrapes(ex.port, sink_port, r["scrape"], seconds=60, gap=0.5, prefix="spaced_"))
-        r["otlp_interval_s"] = OVERLAP["interval"]
-        s, c = self_metric(ex.port, "otel_dra_collection_duration_seconds", "otlp")
-        cs, cc = self_metric(ex.port, "otel_dra_collection_cpu_time_seconds", "otlp")
-        r["otlp_push_wall_s_mean"] = round(s / c, 3)
-        r["otlp_push_cpu_s_mean"] = round(cs / cc, 3)
-        r["otlp_pushes"] = int(c)
-        r["otlp_bytes_received"] = int(json.loads(get(f"http://127.0.0.1:{sink_port}/")[1] or b"0"))
-        r["otlp_scrape_slowdown"] = round(r["otlp_scrape"]["p50_ms"] / r["scrape"]["p50_ms"], 2)
-        r["otlp_rss_mib"], r["otlp_peak_rss_mib"] = ex.rss_mib()
-        ex.stop()
-        sink.terminate()
-        print(f"[{n}] D push {r['otlp_push_cpu_s_mean']} s CPU, scrape {r['otlp_scrape']}", flush=True)
+        if "D" in phases:
+            otlp_phase(r, n, k, kubeconfig, workdir, families[0])
     return r
 
 
@@ -381,6 +403,12 @@ def main() -> int:
     parser.add_argument("--phases", default="ABCDE", help="which of the phases A-E to run (A always runs)")
     parser.add_argument("--exporter-path", type=Path, default=None, help="run the exporter from this source tree")
     parser.add_argument("--pin", action="store_true", help="exporter on CPU 0, OTLP sink on CPU 1 (taskset)")
+    parser.add_argument(
+        "--families",
+        default="all",
+        help="comma-separated family sets (all; seed: --metric-allowlist of the seven seed families): phase A runs "
+        "once per set, the other phases with the first",
+    )
     # A push of workload L takes 2-5 s: at a 10 s interval, 120 s of back-to-back scrapes give
     # hundreds of scrapes both overlapping a push and not, interleaved in time (at 3 s and 25 s,
     # as first, pushes ran most of the time and the few non-overlapping scrapes made p95 noisy).
@@ -403,7 +431,7 @@ def main() -> int:
     }
     with tempfile.TemporaryDirectory(prefix="otel-dra-scale-") as tmp:
         for n in args.claims:
-            run = run_size(n, args.scrapes, Path(tmp), args.phases)
+            run = run_size(n, args.scrapes, Path(tmp), args.phases, tuple(args.families.split(",")))
             print(json.dumps(run), flush=True)
             results["runs"].append(run)
             if args.json:

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,27 @@ def _device_attributes(text: str) -> Any:
         return DeviceAttributes.parse(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+METRIC_LISTS = {
+    True: ("--metric-allowlist", "OTEL_DRA_METRIC_ALLOWLIST"),
+    False: ("--metric-denylist", "OTEL_DRA_METRIC_DENYLIST"),
+}
+
+
+def _metric_list(allow: bool) -> Callable[[str], Any]:
+    """A FamilySelection, or None for an empty list (see otel_dra/cluster/selection.py)."""
+
+    def parse(text: str) -> Any:
+        from otel_dra.cluster.exporter import all_families
+        from otel_dra.cluster.selection import FamilySelection
+
+        try:
+            return FamilySelection.parse(text, allow=allow, names=[f.prom_name for f in all_families()])
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
 
 
 def add_parser(sub: Any) -> None:
@@ -90,6 +112,17 @@ def add_parser(sub: Any) -> None:
         default=600.0,
         type=positive_seconds,
     )
+    for allow, (flag, env) in METRIC_LISTS.items():
+        which = "only the families" if allow else "every family but those"
+        add_flag(
+            p,
+            flag,
+            env,
+            f"comma-separated regular expressions over Prometheus family names: serve {which} that one of them "
+            "matches in full (cluster-state families only; the allowlist and the denylist are mutually exclusive)",
+            default=None,
+            type=_metric_list(allow),
+        )
     add_flag(
         p,
         "--watch-pods",
@@ -118,6 +151,20 @@ def _shard(args: argparse.Namespace) -> Shard:
         return Shard(index, args.total_shards)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _families(args: argparse.Namespace) -> Any:
+    """The FamilySelection of --metric-allowlist or --metric-denylist; None: every family."""
+    allow, deny = args.metric_allowlist, args.metric_denylist
+    if allow is not None and deny is not None:
+        (a_flag, a_env), (d_flag, d_env) = METRIC_LISTS[True], METRIC_LISTS[False]
+        raise UsageError(f"{a_flag} ({a_env}) and {d_flag} ({d_env}) are mutually exclusive: give one of them")
+    selection = allow if allow is not None else deny
+    if selection is not None:
+        flag, env = METRIC_LISTS[selection.allow]
+        for entry in selection.unmatched:
+            log.warning("%s (%s): %r matches no family", flag, env, entry)
+    return selection
 
 
 @dataclass
@@ -157,6 +204,7 @@ def start_exporter(
     shard: Shard | None = None,
     device_attributes: Any = None,
     leak_grace: float = 600.0,
+    families: Any = None,
     watch_pods: bool = True,
 ) -> ExporterApp:
     from otel_dra.cluster.exporter import ClusterState
@@ -189,9 +237,20 @@ def start_exporter(
         leak_grace=leak_grace,
         pods=watch_pods,
         **({"device_attributes": device_attributes} if device_attributes is not None else {}),
+        **({"families": families} if families is not None else {}),
     )
     if state.shard.sharded:
         log.info("serving shard %d of %d", state.shard.index, state.shard.total)
+    if families is not None:
+        from otel_dra.cluster.exporter import all_families
+
+        served = sum(len(store.families) for store in state.series_stores)
+        log.info(
+            "serving %d of the %d cluster-state families (%s)",
+            served,
+            len(all_families()),
+            METRIC_LISTS[families.allow][0],
+        )
 
     def scrape(openmetrics: bool, gzipped: bool) -> list[bytes]:
         reason = state.not_synced()
@@ -235,6 +294,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     from otel_dra.telemetry.otlp import ConfigError
 
     shard = _shard(args)
+    families = _families(args)
     stop = stop_on_signals()
     try:
         app = start_exporter(
@@ -247,6 +307,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
             target_info=args.target_info,
             device_attributes=args.device_attributes,
             leak_grace=args.leak_grace_period,
+            families=families,
             watch_pods=args.watch_pods,
         )
     except (CredentialsError, ConfigError) as exc:

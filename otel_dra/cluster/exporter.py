@@ -13,11 +13,13 @@ from typing import Any
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
 from otel_dra import __version__
-from otel_dra.cluster import deviceclass, devicetaintrule, pod, resourceclaim, resourceslice
+from otel_dra.cluster import deviceclass, devicetaintrule, joins, pod, resourceclaim, resourceslice
+from otel_dra.cluster.families import Family
 from otel_dra.cluster.joins import Joins
 from otel_dra.cluster.resourceslice import DEFAULT_ATTRIBUTES, DeviceAttributes
+from otel_dra.cluster.selection import EVERYTHING, FamilySelection
 from otel_dra.cluster.sharding import Shard
-from otel_dra.cluster.store import ObjectStore, SeriesStore
+from otel_dra.cluster.store import Listener, ObjectStore, Parser, SeriesStore
 from otel_dra.kube.client import KubeClient
 from otel_dra.kube.reflector import Reflector, ResourceType
 from otel_dra.telemetry.exposition import Chunk, GaugeFamily
@@ -95,9 +97,36 @@ def _always(resource: ResourceType) -> Callable[[KubeClient], ResourceType | Non
     return discover
 
 
+def object_families(
+    device_attributes: DeviceAttributes = DEFAULT_ATTRIBUTES,
+) -> dict[str, tuple[Family[Any], ...]]:
+    """Each watched resource's own families (rendered per object), by resource plural."""
+    return {
+        resourceclaim.RESOURCE.plural: resourceclaim.FAMILIES + resourceclaim.STATE_FAMILIES,
+        resourceslice.RESOURCE.plural: resourceslice.FAMILIES + resourceslice.state_families(device_attributes),
+        deviceclass.RESOURCE.plural: deviceclass.FAMILIES + deviceclass.STATE_FAMILIES,
+        devicetaintrule.RESOURCE.plural: devicetaintrule.FAMILIES + devicetaintrule.STATE_FAMILIES,
+        pod.RESOURCE.plural: pod.STATE_FAMILIES,
+    }
+
+
+# The seven families of the kube-dra-exporter, kept byte for byte (docs/metrics.md).
+SEED_FAMILIES: tuple[Family[Any], ...] = (*resourceclaim.FAMILIES, *resourceslice.FAMILIES, *deviceclass.FAMILIES)
+
+
+def all_families() -> tuple[Family[Any], ...]:
+    """Every cluster-state family, per-object and joined (what the metric lists select from)."""
+    return (*(f for families in object_families().values() for f in families), *joins.ALL_FAMILIES)
+
+
 class ClusterState:
     """Watches ResourceClaims, ResourceSlices, DeviceClasses (and DeviceTaintRules where served,
-    pods where allowed and wanted) and serves their families and the joins across them."""
+    pods where allowed and wanted: ``pods``) and serves their families and the joins across them.
+
+    Only the families ``families`` selects are built (see otel_dra/cluster/selection.py); a
+    resource is watched only when one of them needs it, its own or a join's (``Joins.reads``).
+    ``stores`` holds the watched resources' stores; ``claims``, ``slices``, ``classes``,
+    ``taint_rules`` and ``pods`` are None for a resource that is not watched."""
 
     def __init__(
         self,
@@ -110,79 +139,81 @@ class ClusterState:
         shard: Shard | None = None,
         device_attributes: DeviceAttributes = DEFAULT_ATTRIBUTES,
         leak_grace: float = 600.0,
+        families: FamilySelection = EVERYTHING,
         pods: bool = True,
     ) -> None:
         self._metrics = _SelfMetrics(meter_provider)
-        on_problem = self._count_problem
         shard = shard or Shard()
         self.shard = shard
-        self.joins = Joins(shard=shard, leak_grace=leak_grace, otlp=otlp)
-        common: dict[str, Any] = {"on_problem": on_problem, "otlp": otlp}
-        self.claims = ObjectStore(
-            "resourceclaims",
-            resourceclaim.parse,
-            resourceclaim.FAMILIES + resourceclaim.STATE_FAMILIES,
-            keep=shard.owns,
-            listener=self.joins.claims_changed,
-            **common,
-        )
-        self.slices = ObjectStore(
-            "resourceslices",
-            resourceslice.make_parser(device_attributes),
-            resourceslice.FAMILIES + resourceslice.state_families(device_attributes),
-            keep=shard.owns,
-            listener=self.joins.slices_changed,
-            **common,
-        )
-        self.classes = ObjectStore(
-            "deviceclasses",
-            deviceclass.parse,
-            deviceclass.FAMILIES + deviceclass.STATE_FAMILIES,
-            keep=shard.first_only(),
-            listener=self.joins.classes_changed,
-            **common,
-        )
-        self.taint_rules = ObjectStore(
-            "devicetaintrules",
-            devicetaintrule.parse,
-            devicetaintrule.STATE_FAMILIES,
-            keep=shard.first_only(),
-            listener=self.joins.rules_changed,
-            **common,
-        )
-        stores: list[tuple[ResourceType, ObjectStore[Any]]] = [
-            (resourceclaim.RESOURCE, self.claims),
-            (resourceslice.RESOURCE, self.slices),
-            (deviceclass.RESOURCE, self.classes),
-            (devicetaintrule.RESOURCE, self.taint_rules),
+        self.joins = Joins(shard=shard, leak_grace=leak_grace, otlp=otlp, select=families)
+        own = object_families(device_attributes)
+        # The slim objects keep only the optional fields that a served family reads.
+        serving = [*(f for fs in own.values() for f in families.select(fs)), *self.joins.families]
+        keep = {name for f in serving for name in f.fields}
+        # (resource, parser, which objects this replica renders, the joins' listener, discovery)
+        resources: list[tuple[ResourceType, Parser[Any], Any, Listener[Any] | None, Any]] = [
+            (resourceclaim.RESOURCE, resourceclaim.make_parser(keep), shard.owns, self.joins.claims_changed, None),
+            (
+                resourceslice.RESOURCE,
+                resourceslice.make_parser(device_attributes, keep),
+                shard.owns,
+                self.joins.slices_changed,
+                None,
+            ),
+            (deviceclass.RESOURCE, deviceclass.parse, shard.first_only(), self.joins.classes_changed, None),
+            # DeviceTaintRules are an alpha API: optional, found by discovery.
+            (
+                devicetaintrule.RESOURCE,
+                devicetaintrule.parse,
+                shard.first_only(),
+                self.joins.rules_changed,
+                devicetaintrule.discover,
+            ),
         ]
-        # Pods: their DRA references and device health (kube_pod_*). Optional like DeviceTaintRules:
-        # without list/watch on pods (RBAC), the exporter logs it once and serves the rest.
-        discovery: dict[int, Callable[[KubeClient], ResourceType | None]] = {
-            id(self.taint_rules): devicetaintrule.discover
-        }
-        self.pods: ObjectStore[pod.Pod] | None = None
         if pods:
-            self.pods = ObjectStore("pods", pod.parse, pod.STATE_FAMILIES, keep=shard.owns, **common)
-            stores.append((pod.RESOURCE, self.pods))
-            discovery[id(self.pods)] = _always(pod.RESOURCE)
-        self.stores: list[ObjectStore[Any]] = [s for _, s in stores]
+            # Pods: their DRA references and device health (kube_pod_*). Optional like DeviceTaintRules:
+            # without list/watch on pods (RBAC), the exporter logs it once and serves the rest.
+            resources.append((pod.RESOURCE, pod.make_parser(keep), shard.owns, None, _always(pod.RESOURCE)))
+        else:
+            log.info("not watching pods: --watch-pods is off")
+        self.stores: list[ObjectStore[Any]] = []
+        self.reflectors: list[Reflector] = []
+        by_resource: dict[str, ObjectStore[Any]] = {}
+        for rtype, parse, keep, listener, discover in resources:
+            served = families.select(own[rtype.plural])
+            joined = rtype.plural in self.joins.reads
+            if not served and not joined:
+                log.info("not watching %s: no served family needs them", rtype.plural)
+                continue
+            store: ObjectStore[Any] = ObjectStore(
+                rtype.plural,
+                parse,
+                served,
+                keep=keep,
+                listener=listener if joined else None,
+                on_problem=self._count_problem,
+                otlp=otlp,
+            )
+            by_resource[rtype.plural] = store
+            self.stores.append(store)
+            self.reflectors.append(
+                Reflector(
+                    client,
+                    rtype,
+                    store,
+                    events=self._metrics,
+                    stale_after=stale_after,
+                    page_size=page_size,
+                    discover=discover,
+                )
+            )
+        self.claims = by_resource.get(resourceclaim.RESOURCE.plural)
+        self.slices = by_resource.get(resourceslice.RESOURCE.plural)
+        self.classes = by_resource.get(deviceclass.RESOURCE.plural)
+        self.taint_rules = by_resource.get(devicetaintrule.RESOURCE.plural)
+        self.pods = by_resource.get(pod.RESOURCE.plural)
         # Everything that renders series: the objects' own, then the joins'.
         self.series_stores: list[SeriesStore[Any]] = [*self.stores, *self.joins.stores]
-        self.reflectors = [
-            Reflector(
-                client,
-                rtype,
-                store,
-                events=self._metrics,
-                stale_after=stale_after,
-                page_size=page_size,
-                # Optional resources, found by discovery (DeviceTaintRules: an API not every version
-                # serves; pods: RBAC the exporter may lack).
-                discover=discovery.get(id(store)),
-            )
-            for rtype, store in stores
-        ]
         meter = meter_provider.get_meter(SCOPE, __version__)
         meter.create_observable_gauge(
             "otel_dra.cache.objects",

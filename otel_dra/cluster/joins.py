@@ -18,6 +18,12 @@ change touches:
 So the work per change is bounded by the objects it touches (a slice has at most 128 devices), not
 by the size of the cluster. Changes of one full relist are applied as one batch, and each touched
 slice and pool is evaluated once per batch. See docs/metrics.md for the semantics.
+
+Only what the served families need is built (``select``, see :mod:`otel_dra.cluster.selection`):
+a store whose families are all off does not exist, and neither does the work and the indexes that
+only it needs (slice evaluation and the device index, pool sums, pricing, the leak clock). Each
+family names the resources it reads (``Family.reads``); :attr:`Joins.reads` is their union, the
+resources the exporter must watch for the joins.
 """
 
 from __future__ import annotations
@@ -31,11 +37,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from otel_dra.cluster.deviceclass import RESOURCE as DEVICECLASSES
 from otel_dra.cluster.deviceclass import DeviceClass
+from otel_dra.cluster.devicetaintrule import RESOURCE as DEVICETAINTRULES
 from otel_dra.cluster.devicetaintrule import DeviceTaintRule
 from otel_dra.cluster.families import Family, Sample, family
+from otel_dra.cluster.resourceclaim import RESOURCE as RESOURCECLAIMS
 from otel_dra.cluster.resourceclaim import Claim
 from otel_dra.cluster.resourceslice import BLOCKING_EFFECTS, COUNTER_LABELS, DEVICE_LABELS, Amounts, Device, Slice
+from otel_dra.cluster.resourceslice import RESOURCE as RESOURCESLICES
+from otel_dra.cluster.selection import EVERYTHING, FamilySelection
 from otel_dra.cluster.sharding import Shard
 from otel_dra.cluster.store import SEGMENT, Change, SeriesStore
 
@@ -52,6 +63,13 @@ CounterLookup = Callable[[str], tuple[Amounts, Mapping[str, float]]]
 # A slice's part of its pool's counts, [devices, allocated, free], by node, and for partitionable
 # devices (those consuming shared counters) by (node, partition type).
 Contribution = dict[str | tuple[str, str], list[int]]
+
+# The resources the joined families read (Family.reads).
+CLAIMS, SLICES = RESOURCECLAIMS.plural, RESOURCESLICES.plural
+CLASSES, RULES = DEVICECLASSES.plural, DEVICETAINTRULES.plural
+# The optional slim fields (Family.fields) that evaluating a slice reads: every family computed by
+# evaluate() keeps them all, so that its inputs are complete whichever of them is served.
+EVALUATED = ("results", "capacities", "defaults", "taints", "counters", "counter_sets", "partition_type")
 
 # Reasons an allocation result cannot be priced (kube_resourceclaim_unpriced_devices).
 CLASS_NOT_FOUND = "class_not_found"
@@ -126,6 +144,8 @@ SLICE_FAMILIES: tuple[Family[SliceUsage], ...] = (
         DEVICE_LABELS,
         _allocated,
         stability="experimental",
+        reads=(SLICES, CLAIMS),
+        fields=EVALUATED,
     ),
     family(
         "kube_resourceslice_device_allocated_capacity",
@@ -134,6 +154,8 @@ SLICE_FAMILIES: tuple[Family[SliceUsage], ...] = (
         (*DEVICE_LABELS, "capacity"),
         _allocated_capacity,
         stability="experimental",
+        reads=(SLICES, CLAIMS),
+        fields=EVALUATED,
     ),
     family(
         "kube_resourceslice_counter_set_free",
@@ -142,6 +164,8 @@ SLICE_FAMILIES: tuple[Family[SliceUsage], ...] = (
         COUNTER_LABELS,
         _counters_free,
         stability="experimental",
+        reads=(SLICES, CLAIMS),
+        fields=EVALUATED,
     ),
 )
 
@@ -187,7 +211,7 @@ PARTITION_LABELS = (*POOL_NODE_LABELS, "partition_type")
 POOL_COUNTER_LABELS = (*POOL_NODE_LABELS, "counter_set", "counter")
 
 
-POOL_FAMILIES: tuple[Family[PoolState], ...] = (
+POOL_STATE_FAMILIES: tuple[Family[PoolState], ...] = (
     family(
         "kube_resourcepool_generation",
         "",
@@ -195,6 +219,7 @@ POOL_FAMILIES: tuple[Family[PoolState], ...] = (
         ("driver", "pool"),
         _pool_generation,
         stability="experimental",
+        reads=(SLICES,),
     ),
     family(
         "kube_resourcepool_incomplete",
@@ -203,6 +228,7 @@ POOL_FAMILIES: tuple[Family[PoolState], ...] = (
         ("driver", "pool"),
         _pool_incomplete,
         stability="experimental",
+        reads=(SLICES,),
     ),
     family(
         "kube_resourcepool_invalid",
@@ -212,7 +238,15 @@ POOL_FAMILIES: tuple[Family[PoolState], ...] = (
         ("driver", "pool"),
         _pool_invalid,
         stability="experimental",
+        reads=(SLICES,),
+        # An undefined counter set or counter makes a pool invalid.
+        fields=("counters", "counter_sets"),
     ),
+)
+
+# The per-node counts and the pool's counter sets: they need each slice evaluated (the allocated and
+# free ones, the claims too; the free devices, the taint rules too).
+POOL_COUNT_FAMILIES: tuple[Family[PoolState], ...] = (
     family(
         "kube_resourcepool_devices",
         "{device}",
@@ -220,6 +254,8 @@ POOL_FAMILIES: tuple[Family[PoolState], ...] = (
         POOL_NODE_LABELS,
         _pool_count(1),
         stability="experimental",
+        reads=(SLICES,),
+        fields=EVALUATED,
     ),
     family(
         "kube_resourcepool_devices_allocated",
@@ -228,6 +264,8 @@ POOL_FAMILIES: tuple[Family[PoolState], ...] = (
         POOL_NODE_LABELS,
         _pool_count(2),
         stability="experimental",
+        reads=(SLICES, CLAIMS),
+        fields=EVALUATED,
     ),
     family(
         "kube_resourcepool_devices_free",
@@ -236,41 +274,72 @@ POOL_FAMILIES: tuple[Family[PoolState], ...] = (
         POOL_NODE_LABELS,
         _pool_count(3),
         stability="experimental",
+        reads=(SLICES, CLAIMS, RULES),
+        fields=EVALUATED,
     ),
     # Partitionable devices (those consuming shared counters), per node and partition type.
     *(
-        family(name, "{device}", description, PARTITION_LABELS, _partition_count(index), "experimental")
-        for name, index, description in (
+        family(
+            name,
+            "{device}",
+            description,
+            PARTITION_LABELS,
+            _partition_count(index),
+            "experimental",
+            reads=reads,
+            fields=EVALUATED,
+        )
+        for name, index, reads, description in (
             (
                 "kube_resourcepool_partitions",
                 2,
+                (SLICES,),
                 "Devices of the pool's newest generation that consume shared counters, per node and partition type.",
             ),
-            ("kube_resourcepool_partitions_allocated", 3, "Of those, the allocated ones (adminAccess excluded)."),
+            (
+                "kube_resourcepool_partitions_allocated",
+                3,
+                (SLICES, CLAIMS),
+                "Of those, the allocated ones (adminAccess excluded).",
+            ),
             (
                 "kube_resourcepool_partitions_free",
                 4,
+                (SLICES, CLAIMS, RULES),
                 "Of those, the ones a new request could get now: unallocated, shared counters left, not tainted.",
             ),
         )
     ),
     # The counter sets of the pool's newest generation, wherever they are defined.
     *(
-        family(name, "", description, POOL_COUNTER_LABELS, _pool_counter(index), "experimental")
-        for name, index, description in (
+        family(
+            name,
+            "",
+            description,
+            POOL_COUNTER_LABELS,
+            _pool_counter(index),
+            "experimental",
+            reads=reads,
+            fields=EVALUATED,
+        )
+        for name, index, reads, description in (
             (
                 "kube_resourcepool_counter_set_capacity",
                 3,
+                (SLICES,),
                 "Counters of the shared counter sets of the pool's newest generation, as numbers.",
             ),
             (
                 "kube_resourcepool_counter_set_free",
                 4,
+                (SLICES, CLAIMS),
                 "Counter capacity left after what the allocated devices of the pool's newest generation consume.",
             ),
         )
     ),
 )
+
+POOL_FAMILIES = POOL_STATE_FAMILIES + POOL_COUNT_FAMILIES
 
 
 def _cost(c: ClaimCost) -> Iterable[Sample]:
@@ -291,6 +360,8 @@ COST_FAMILIES: tuple[Family[ClaimCost], ...] = (
         ("resourceclaim_name", "namespace", "deviceclass_name"),
         _cost,
         stability="experimental",
+        reads=(CLAIMS, CLASSES),
+        fields=("results", "request_classes"),
     ),
     family(
         "kube_resourceclaim_unpriced_devices",
@@ -299,6 +370,8 @@ COST_FAMILIES: tuple[Family[ClaimCost], ...] = (
         ("resourceclaim_name", "namespace", "deviceclass_name", "reason"),
         _unpriced,
         stability="experimental",
+        reads=(CLAIMS, CLASSES),
+        fields=("results", "request_classes"),
     ),
 )
 
@@ -315,6 +388,8 @@ LEAK_FAMILIES: tuple[Family[LeakedClaim], ...] = (
         ("resourceclaim_name", "namespace"),
         _leaked,
         stability="experimental",
+        reads=(CLAIMS,),
+        fields=("status_time",),
     ),
 )
 
@@ -496,7 +571,8 @@ class LeakClock:
 
 # --- the joins -----------------------------------------------------------------------------------
 class Joins:
-    """Indexes over all claims, slices and classes, and the stores of the joined families."""
+    """Indexes over all claims, slices and classes, and the stores of the joined families that
+    ``select`` serves (a store none of whose families is served is None)."""
 
     def __init__(
         self,
@@ -506,15 +582,39 @@ class Joins:
         otlp: bool = False,
         segment_size: int = SEGMENT,
         clock: Callable[[], float] = time.time,
+        select: FamilySelection = EVERYTHING,
     ) -> None:
         self.shard = shard or Shard()
         common: dict[str, Any] = {"otlp": otlp, "segment_size": segment_size}
-        self.slice_usage: SeriesStore[SliceUsage] = SeriesStore("slice usage", SLICE_FAMILIES, **common)
-        self.pools: SeriesStore[PoolState] = SeriesStore("resource pools", POOL_FAMILIES, **common)
-        self.costs: SeriesStore[ClaimCost] = SeriesStore("claim costs", COST_FAMILIES, **common)
-        self.leaked: SeriesStore[LeakedClaim] = SeriesStore("leaked claims", LEAK_FAMILIES, **common)
-        self.stores: list[SeriesStore[Any]] = [self.slice_usage, self.pools, self.costs, self.leaked]
-        self.leaks = LeakClock(self.leaked, leak_grace, clock)
+        slice_families = select.select(SLICE_FAMILIES)
+        pool_families = select.select(POOL_FAMILIES)
+        cost_families = select.select(COST_FAMILIES)
+        leak_families = select.select(LEAK_FAMILIES)
+        self.slice_usage: SeriesStore[SliceUsage] | None = (
+            SeriesStore("slice usage", slice_families, **common) if slice_families else None
+        )
+        self.pools: SeriesStore[PoolState] | None = (
+            SeriesStore("resource pools", pool_families, **common) if pool_families else None
+        )
+        self.costs: SeriesStore[ClaimCost] | None = (
+            SeriesStore("claim costs", cost_families, **common) if cost_families else None
+        )
+        self.leaked: SeriesStore[LeakedClaim] | None = (
+            SeriesStore("leaked claims", leak_families, **common) if leak_families else None
+        )
+        self.stores: list[SeriesStore[Any]] = [
+            s for s in (self.slice_usage, self.pools, self.costs, self.leaked) if s is not None
+        ]
+        self.leaks = LeakClock(self.leaked, leak_grace, clock) if self.leaked is not None else None
+        self.families: tuple[Family[Any], ...] = (*slice_families, *pool_families, *cost_families, *leak_families)
+        self.reads: frozenset[str] = frozenset(r for f in self.families for r in f.reads)
+        # What the served families need: slices evaluated against the claims' allocations (and
+        # the taint rules, for free devices), and each slice's per-node counts for the pool sums.
+        evaluated: tuple[Family[Any], ...] = (*slice_families, *(f for f in pool_families if f in POOL_COUNT_FAMILIES))
+        self._evaluate = bool(evaluated)
+        self._allocations = any(CLAIMS in f.reads for f in evaluated)
+        self._tainting = any(RULES in f.reads for f in evaluated)
+        self._counting = any(f in POOL_COUNT_FAMILIES for f in pool_families)
         self._lock = threading.Lock()
         # Every object, whichever shard renders it.
         self._slices: dict[str, Slice] = {}
@@ -544,11 +644,17 @@ class Joins:
         self._restructured: set[PoolKey] = set()
         self._cost_updates: list[tuple[str, ClaimCost | None]] = []
 
-    # --- listeners (one reflector thread each) ----------------------------------------------------
+    # --- listeners (one reflector thread each; a listener is only wired when its resource is in
+    # ``reads``, and does only the work of the stores that exist) -----------------------------------
     def claims_changed(self, changes: list[Change[Claim]]) -> None:
         with self._lock:
             for key, old, new, owned in changes:
-                self._claim(key, old, new, owned)
+                if self._allocations:
+                    self._claim_uses(key, old, new)
+                if self.costs is not None:
+                    self._claim_cost(key, new, owned)
+                if self.leaks is not None:
+                    self._claim_leak(key, new, owned)
             self._flush()
 
     def slices_changed(self, changes: list[Change[Slice]]) -> None:
@@ -558,6 +664,8 @@ class Joins:
             self._flush()
 
     def classes_changed(self, changes: list[Change[DeviceClass]]) -> None:
+        if self.costs is None:
+            return
         with self._lock:
             repriced: set[str] = set()
             for key, old, new, _owned in changes:
@@ -572,6 +680,8 @@ class Joins:
             self.costs.update((k, self._price(self._priced[k])) for k in sorted(repriced) if k in self._priced)
 
     def rules_changed(self, changes: list[Change[DeviceTaintRule]]) -> None:
+        if not self._tainting:
+            return
         with self._lock:
             for key, old, new, _owned in changes:
                 if new is not None and new.evaluable and new.effect in BLOCKING_EFFECTS:
@@ -594,41 +704,46 @@ class Joins:
 
     def tick(self) -> None:
         """Bring time-based series up to date (called before each scrape and push)."""
-        self.leaks.tick()
+        if self.leaks is not None:
+            self.leaks.tick()
 
     # --- claims ---------------------------------------------------------------------------------------
-    def _claim(self, key: str, old: Claim | None, new: Claim | None, owned: bool) -> None:
+    def _claim_uses(self, key: str, old: Claim | None, new: Claim | None) -> None:
         before, after = _claim_uses(old), _claim_uses(new)
-        if before != after:
-            for dev in before.keys() | after.keys():
-                use = after.get(dev)
-                if before.get(dev) == use:
-                    continue
-                claims = self._uses.get(dev)
-                if use is None:
-                    if claims is not None:
-                        claims.pop(key, None)
-                        if not claims:
-                            del self._uses[dev]
-                else:
-                    if claims is None:
-                        claims = self._uses[dev] = {}
-                    claims[key] = use
-                self._dirty_slices.update(self._device_slices.get(dev, ()))
-        # Cost and leaks are rendered by the claim's own shard.
+        if before == after:
+            return
+        for dev in before.keys() | after.keys():
+            use = after.get(dev)
+            if before.get(dev) == use:
+                continue
+            claims = self._uses.get(dev)
+            if use is None:
+                if claims is not None:
+                    claims.pop(key, None)
+                    if not claims:
+                        del self._uses[dev]
+            else:
+                if claims is None:
+                    claims = self._uses[dev] = {}
+                claims[key] = use
+            self._dirty_slices.update(self._device_slices.get(dev, ()))
+
+    # Cost and leaks are rendered by the claim's own shard.
+    def _claim_cost(self, key: str, new: Claim | None, owned: bool) -> None:
         self._unindex_classes(key)
         if owned and new is not None and new.has_allocation:
             self._priced[key] = new
             for deviceclass in _classes_of(new):
                 self._claims_of_class.setdefault(deviceclass, set()).add(key)
             self._cost_updates.append((key, self._price(new)))
-            if new.reserved == 0:
-                self.leaks.watch(key, new)
-            else:
-                self.leaks.forget(key)
+        elif self._priced.pop(key, None) is not None:
+            self._cost_updates.append((key, None))
+
+    def _claim_leak(self, key: str, new: Claim | None, owned: bool) -> None:
+        assert self.leaks is not None
+        if owned and new is not None and new.has_allocation and new.reserved == 0:
+            self.leaks.watch(key, new)
         else:
-            if self._priced.pop(key, None) is not None:
-                self._cost_updates.append((key, None))
             self.leaks.forget(key)
 
     def _unindex_classes(self, key: str) -> None:
@@ -672,8 +787,41 @@ class Joins:
 
     # --- slices ---------------------------------------------------------------------------------------
     def _slice(self, key: str, old: Slice | None, new: Slice | None, owned: bool) -> None:
-        self._index_counters(key, old, new)
+        if self._evaluate:
+            self._index_counters(key, old, new)
         if old is not None:
+            self._unindex_slice(key, old)
+        if new is None:
+            self._slices.pop(key, None)
+            self._owned_slices.discard(key)
+            self._contribution.pop(key, None)
+            self._counters_free.pop(key, None)
+            if self.slice_usage is not None:
+                self.slice_usage.remove(key)
+            return
+        self._slices[key] = new
+        if self._tainting:
+            self._slices_of_driver.setdefault(new.driver, set()).add(key)
+        if owned:
+            self._owned_slices.add(key)
+        else:
+            self._owned_slices.discard(key)
+        if self._allocations:
+            for d in new.devices:
+                dev = (new.driver, new.pool, d.name)
+                holders = self._device_slices.get(dev, ())
+                if key not in holders:
+                    self._device_slices[dev] = (*holders, key)
+        if self.pools is not None:
+            pool = (new.driver, new.pool)
+            self._pools.setdefault(pool, {}).setdefault(new.generation, set()).add(key)
+            self._dirty_pools.add(pool)
+            self._restructured.add(pool)
+        if self._evaluate:
+            self._dirty_slices.add(key)
+
+    def _unindex_slice(self, key: str, old: Slice) -> None:
+        if self._allocations:
             for d in old.devices:
                 dev = (old.driver, old.pool, d.name)
                 keys = tuple(k for k in self._device_slices.get(dev, ()) if k != key)
@@ -681,6 +829,7 @@ class Joins:
                     self._device_slices[dev] = keys
                 else:
                     self._device_slices.pop(dev, None)
+        if self.pools is not None:
             pool = (old.driver, old.pool)
             generations = self._pools.get(pool, {})
             members = generations.get(old.generation)
@@ -690,34 +839,12 @@ class Joins:
                     del generations[old.generation]
             self._dirty_pools.add(pool)
             self._restructured.add(pool)
+        if self._tainting:
             of_driver = self._slices_of_driver.get(old.driver)
             if of_driver is not None:
                 of_driver.discard(key)
                 if not of_driver:
                     del self._slices_of_driver[old.driver]
-        if new is None:
-            self._slices.pop(key, None)
-            self._owned_slices.discard(key)
-            self._contribution.pop(key, None)
-            self._counters_free.pop(key, None)
-            self.slice_usage.remove(key)
-            return
-        self._slices[key] = new
-        self._slices_of_driver.setdefault(new.driver, set()).add(key)
-        if owned:
-            self._owned_slices.add(key)
-        else:
-            self._owned_slices.discard(key)
-        for d in new.devices:
-            dev = (new.driver, new.pool, d.name)
-            holders = self._device_slices.get(dev, ())
-            if key not in holders:
-                self._device_slices[dev] = (*holders, key)
-        pool = (new.driver, new.pool)
-        self._pools.setdefault(pool, {}).setdefault(new.generation, set()).add(key)
-        self._dirty_pools.add(pool)
-        self._restructured.add(pool)
-        self._dirty_slices.add(key)
 
     def _index_counters(self, key: str, old: Slice | None, new: Slice | None) -> None:
         """Index the pool-wide counter sets that the slice defines or consumes from; a set whose
@@ -761,9 +888,11 @@ class Joins:
 
     # --- batch end: evaluate what changed ----------------------------------------------------------
     def _flush(self) -> None:
-        self.costs.update(self._cost_updates)
-        self._cost_updates = []
-        self._join_counters()
+        if self.costs is not None:
+            self.costs.update(self._cost_updates)
+            self._cost_updates = []
+        if self._evaluate:
+            self._join_counters()
         usage_updates: list[tuple[str, SliceUsage | None]] = []
         for key in sorted(self._dirty_slices):
             s = self._slices.get(key)
@@ -772,10 +901,10 @@ class Joins:
             usage, contribution = evaluate(
                 s, self._uses_of, self._rules_for(s) if self._rules else (), self._counters_of(s)
             )
-            if self._contribution.get(key) != contribution:
+            if self._counting and self._contribution.get(key) != contribution:
                 self._contribution[key] = contribution
                 self._dirty_pools.add((s.driver, s.pool))
-            if self._counters_free.get(key, ()) != usage.counters_free:
+            if self._counting and self._counters_free.get(key, ()) != usage.counters_free:
                 if usage.counters_free:
                     self._counters_free[key] = usage.counters_free
                 else:
@@ -783,8 +912,10 @@ class Joins:
                 self._dirty_pools.add((s.driver, s.pool))
             usage_updates.append((key, usage if key in self._owned_slices else None))
         self._dirty_slices.clear()
-        self.slice_usage.update(usage_updates)
-
+        if self.slice_usage is not None:
+            self.slice_usage.update(usage_updates)
+        if self.pools is None:
+            return
         pool_updates: list[tuple[str, PoolState | None]] = []
         for pool in sorted(self._dirty_pools):
             name = f"{pool[0]}/{pool[1]}"
@@ -839,7 +970,7 @@ class Joins:
             self._invalid[pool] = _invalid(slices, complete=not incomplete)
         invalid = self._invalid[pool]
         state = PoolState(pool[0], pool[1], newest, incomplete, invalid)
-        if incomplete or invalid:
+        if incomplete or invalid or not self._counting:
             return state
         nodes: dict[str, list[int]] = {}
         partitions: dict[tuple[str, str], list[int]] = {}
@@ -872,7 +1003,7 @@ class Joins:
                 "slices": len(self._slices),
                 "devices_in_use": len(self._uses),
                 "pools": len(self._pools),
-                "leak_clock": len(self.leaks),
+                "leak_clock": len(self.leaks) if self.leaks is not None else 0,
             }
 
 

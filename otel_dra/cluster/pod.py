@@ -7,7 +7,7 @@ cost little memory.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,17 +112,37 @@ def _device_health(
     return tuple(out)
 
 
+# The fields of Pod that only some families read (Family.fields); a parser made for a set of them
+# leaves the others empty (memory: a family that is off keeps nothing).
+FIELDS = frozenset({"claims", "health"})
+
+
+def make_parser(keep: Collection[str] = FIELDS) -> Callable[[dict[str, Any], Callable[[str], None]], Pod]:
+    """A parser that fills only the optional fields in ``keep`` (names of other types ignored)."""
+    wanted = FIELDS.intersection(keep)
+
+    def parse(obj: dict[str, Any], report: Callable[[str], None]) -> Pod:
+        return _parse(obj, report, wanted)
+
+    return parse
+
+
 def parse(obj: dict[str, Any], report: Callable[[str], None]) -> Pod:
+    return _parse(obj, report, FIELDS)
+
+
+def _parse(obj: dict[str, Any], report: Callable[[str], None], keep: frozenset[str]) -> Pod:
     meta = obj.get("metadata") or {}
     spec = _dict(obj.get("spec"))
     status = _dict(obj.get("status"))
-    claims = _claim_refs(spec, status)
+    # The health entries name the pod's claim entries: resolved through its references.
+    claims = _claim_refs(spec, status) if keep else ()
     return Pod(
         namespace=_text(meta.get("namespace")),
         name=_text(meta.get("name")),
         uid=_text(meta.get("uid")),
-        claims=claims,
-        health=_device_health(status, claims, report),
+        claims=claims if "claims" in keep else (),
+        health=_device_health(status, claims, report) if "health" in keep else (),
     )
 
 
@@ -162,6 +182,7 @@ STATE_FAMILIES: tuple[Family[Pod], ...] = (
         ("namespace", "pod", "uid", "claim_name", "resourceclaim_name", "resourceclaim_template_name"),
         _claim_info,
         stability="experimental",
+        fields=("claims",),
     ),
     family(
         "kube_pod_resourceclaim_device_health",
@@ -183,5 +204,6 @@ STATE_FAMILIES: tuple[Family[Pod], ...] = (
         _health,
         stability="experimental",
         kubernetes="1.36",
+        fields=("health",),
     ),
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,7 +127,24 @@ def _conditions(status: dict[str, Any], report: Callable[[str], None]) -> tuple[
     return tuple((*key, state) for key, state in out.items())
 
 
-def parse(obj: dict[str, Any], report: Callable[[str], None]) -> Claim:
+# The fields of Claim that only some families read (Family.fields); a parser made for a set of
+# them leaves the others at their defaults (memory: a family that is off keeps nothing).
+FIELDS = frozenset(
+    {"allocated", "pods", "created", "allocation_time", "results", "request_classes", "status_time", "conditions"}
+)
+
+
+def make_parser(keep: Collection[str] = FIELDS) -> Callable[[dict[str, Any], Callable[[str], None]], Claim]:
+    """A parser that fills only the optional fields in ``keep`` (names of other types ignored)."""
+    wanted = FIELDS.intersection(keep)
+
+    def parse(obj: dict[str, Any], report: Callable[[str], None]) -> Claim:
+        return _parse(obj, report, wanted)
+
+    return parse
+
+
+def _parse(obj: dict[str, Any], report: Callable[[str], None], keep: frozenset[str]) -> Claim:
     meta = obj.get("metadata") or {}
     status = obj.get("status") or {}
     if not isinstance(status, dict):
@@ -137,36 +154,38 @@ def parse(obj: dict[str, Any], report: Callable[[str], None]) -> Claim:
     allocation = status.get("allocation")
     has_allocation = isinstance(allocation, dict)
     allocation = allocation if isinstance(allocation, dict) else {}
-    results = (allocation.get("devices") or {}).get("results") or []
-    if not isinstance(results, list):
-        report("status.allocation.devices.results is not a list")
-        results = []
     parsed: list[Result] = []
-    for i, result in enumerate(results):
-        if not isinstance(result, dict):
-            result = {}
-        driver, pool, device = (_str(result.get(k)) for k in ("driver", "pool", "device"))
-        if driver is None or pool is None or device is None:
-            report(f"status.allocation.devices.results[{i}] lacks driver/pool/device; skipped")
-            continue
-        key = (driver, pool, device)
-        counts[key] = counts.get(key, 0) + 1
-        parsed.append(
-            Result(
-                request=str(result.get("request") or ""),
-                driver=driver,
-                pool=pool,
-                device=device,
-                admin=result.get("adminAccess") is True,
-                consumed=_consumed(result.get("consumedCapacity"), report),
-            )
-        )
+    if "allocated" in keep or "results" in keep:
+        results = (allocation.get("devices") or {}).get("results") or []
+        if not isinstance(results, list):
+            report("status.allocation.devices.results is not a list")
+            results = []
+        for i, result in enumerate(results):
+            if not isinstance(result, dict):
+                result = {}
+            driver, pool, device = (_str(result.get(k)) for k in ("driver", "pool", "device"))
+            if driver is None or pool is None or device is None:
+                report(f"status.allocation.devices.results[{i}] lacks driver/pool/device; skipped")
+                continue
+            key = (driver, pool, device)
+            counts[key] = counts.get(key, 0) + 1
+            if "results" in keep:
+                parsed.append(
+                    Result(
+                        request=str(result.get("request") or ""),
+                        driver=driver,
+                        pool=pool,
+                        device=device,
+                        admin=result.get("adminAccess") is True,
+                        consumed=_consumed(result.get("consumedCapacity"), report),
+                    )
+                )
     pods: list[tuple[str, str]] = []
     reserved = status.get("reservedFor") or []
     if not isinstance(reserved, list):
         report("status.reservedFor is not a list")
         reserved = []
-    for consumer in reserved:
+    for consumer in reserved if "pods" in keep else ():
         if not isinstance(consumer, dict):
             continue
         if (consumer.get("apiGroup") or "") == "" and consumer.get("resource") == "pods":
@@ -175,17 +194,24 @@ def parse(obj: dict[str, Any], report: Callable[[str], None]) -> Claim:
     return Claim(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
-        allocated=tuple(counts.items()),
+        allocated=tuple(counts.items()) if "allocated" in keep else (),
         pods=tuple(pods),
-        created=optional_time(meta.get("creationTimestamp"), "metadata.creationTimestamp", report),
+        created=optional_time(meta.get("creationTimestamp"), "metadata.creationTimestamp", report)
+        if "created" in keep
+        else None,
         has_allocation=has_allocation,
-        allocation_time=optional_time(allocation.get("allocationTimestamp"), "allocationTimestamp", report),
+        allocation_time=optional_time(allocation.get("allocationTimestamp"), "allocationTimestamp", report)
+        if "allocation_time" in keep
+        else None,
         reserved=len(reserved),
         results=tuple(parsed),
-        request_classes=_request_classes(obj.get("spec")),
-        status_time=_status_time(meta) if unreserved else None,
-        conditions=_conditions(status, report),
+        request_classes=_request_classes(obj.get("spec")) if "request_classes" in keep else (),
+        status_time=_status_time(meta) if unreserved and "status_time" in keep else None,
+        conditions=_conditions(status, report) if "conditions" in keep else (),
     )
+
+
+parse = make_parser()
 
 
 def _allocated(c: Claim) -> Iterable[Sample]:
@@ -210,6 +236,7 @@ FAMILIES: tuple[Family[Claim], ...] = (
         "Devices allocated to the ResourceClaim: 1 per allocation result (driver, pool, device).",
         ("resourceclaim_name", "namespace", "pool", "device_name", "driver"),
         _allocated,
+        fields=("allocated",),
     ),
     family(
         "kube_resourceclaim_status_reserved_for_pod",
@@ -217,6 +244,7 @@ FAMILIES: tuple[Family[Claim], ...] = (
         "Pods reserving the ResourceClaim: 1 per status.reservedFor entry that is a pod.",
         ("resourceclaim_name", "namespace", "pod_name", "uid"),
         _reserved_for_pod,
+        fields=("pods",),
     ),
     family(
         "kube_resourceclaim_status_reserved_total",
@@ -224,6 +252,7 @@ FAMILIES: tuple[Family[Claim], ...] = (
         "Number of pods reserving the ResourceClaim (0 included).",
         ("resourceclaim_name", "namespace"),
         _reserved_total,
+        fields=("pods",),
     ),
 )
 
@@ -275,6 +304,7 @@ STATE_FAMILIES: tuple[Family[Claim], ...] = (
         ("resourceclaim_name", "namespace"),
         _created,
         stability="experimental",
+        fields=("created",),
     ),
     family(
         "kube_resourceclaim_allocation_timestamp",
@@ -283,6 +313,7 @@ STATE_FAMILIES: tuple[Family[Claim], ...] = (
         ("resourceclaim_name", "namespace"),
         _allocation_time,
         stability="experimental",
+        fields=("allocation_time",),
     ),
     family(
         "kube_resourceclaim_status_admin_access_device",
@@ -291,6 +322,7 @@ STATE_FAMILIES: tuple[Family[Claim], ...] = (
         ("resourceclaim_name", "namespace", "pool", "device_name", "driver"),
         _admin_access,
         stability="experimental",
+        fields=("results",),
     ),
     family(
         "kube_resourceclaim_status_device_condition",
@@ -299,5 +331,6 @@ STATE_FAMILIES: tuple[Family[Claim], ...] = (
         ("resourceclaim_name", "namespace", "driver", "pool", "device_name", "share_id", "condition", "status"),
         _device_conditions,
         stability="experimental",
+        fields=("conditions",),
     ),
 )

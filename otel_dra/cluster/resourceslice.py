@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,9 +180,21 @@ def _amounts(raw: Any, what: str, report: Callable[[str], None]) -> Amounts:
     return tuple(out)
 
 
+# The fields of Slice and Device that only some families read (Family.fields); a parser made for a
+# set of them leaves the others at their defaults (memory: a family that is off keeps nothing).
+FIELDS = frozenset(
+    {"capacity", "type", "product_name", "parent_uuid", "info", "capacities", "defaults", "taints", "counters"}
+    | {"taints_added", "partition_type", "counter_sets"}
+)
+
+
 def make_parser(
     attributes: DeviceAttributes = DEFAULT_ATTRIBUTES,
+    keep: Collection[str] = FIELDS,
 ) -> Callable[[dict[str, Any], Callable[[str], None]], Slice]:
+    """A parser that fills only the optional fields in ``keep`` (names of other types ignored)."""
+    wanted = FIELDS.intersection(keep)
+
     def parse(obj: dict[str, Any], report: Callable[[str], None]) -> Slice:
         meta = obj.get("metadata") or {}
         spec = obj.get("spec")
@@ -206,9 +218,11 @@ def make_parser(
             if not isinstance(dev, dict) or not isinstance(dev.get("name"), str):
                 report(f"spec.devices[{i}] has no name; skipped")
                 continue
-            devices.append(_device(dev, per_device, slice_node, driver, attributes, partition_attribute, report))
+            devices.append(
+                _device(dev, per_device, slice_node, driver, attributes, partition_attribute, wanted, report)
+            )
         counter_sets = []
-        raw_sets = spec.get("sharedCounters") or []
+        raw_sets = (spec.get("sharedCounters") or []) if "counter_sets" in wanted else []
         for i, counter_set in enumerate(raw_sets if isinstance(raw_sets, list) else []):
             if not isinstance(counter_set, dict) or not isinstance(counter_set.get("name"), str):
                 report(f"spec.sharedCounters[{i}] has no name; skipped")
@@ -236,6 +250,7 @@ def _device(
     driver: str,
     attributes: DeviceAttributes,
     partition_attribute: str,
+    keep: frozenset[str],
     report: Callable[[str], None],
 ) -> Device:
     name = dev["name"]
@@ -246,11 +261,13 @@ def _device(
     if not isinstance(attrs, dict):
         attrs = {}
     raw_capacity = dev.get("capacity") or {}
-    capacities = _amounts(raw_capacity, f"device {name}: capacity", report)
+    capacities: Amounts = ()
+    if not keep.isdisjoint(("capacity", "capacities", "defaults")):
+        capacities = _amounts(raw_capacity, f"device {name}: capacity", report)
     by_name = dict(capacities)
     multi = dev.get("allowMultipleAllocations") is True
     defaults: list[float] = []
-    if multi:
+    if multi and "defaults" in keep:
         for cap, value in capacities:
             policy = (raw_capacity.get(cap) or {}).get("requestPolicy")
             default = value
@@ -262,14 +279,16 @@ def _device(
             defaults.append(default)
     taints = []
     added: list[float | None] = []
-    raw_taints = dev.get("taints") or []
+    raw_taints = (dev.get("taints") or []) if "taints" in keep else []
+    want_added = "taints_added" in keep
     for taint in raw_taints if isinstance(raw_taints, list) else []:
         if isinstance(taint, dict) and isinstance(taint.get("key"), str):
             taints.append((taint["key"], str(taint.get("value") or ""), str(taint.get("effect") or "")))
-            what = f"device {name}: taint {taint['key']}: timeAdded"
-            added.append(optional_time(taint.get("timeAdded"), what, report))
+            if want_added:
+                what = f"device {name}: taint {taint['key']}: timeAdded"
+                added.append(optional_time(taint.get("timeAdded"), what, report))
     counters = []
-    raw_counters = dev.get("consumesCounters") or []
+    raw_counters = (dev.get("consumesCounters") or []) if "counters" in keep else []
     for consumption in raw_counters if isinstance(raw_counters, list) else []:
         if isinstance(consumption, dict) and isinstance(consumption.get("counterSet"), str):
             set_name = consumption["counterSet"]
@@ -282,18 +301,20 @@ def _device(
     return Device(
         name=name,
         node_name=node if isinstance(node, str) else "",
-        type=_string_attribute(attrs, "type"),
-        product_name=_string_attribute(attrs, "productName"),
-        parent_uuid=_string_attribute(attrs, "parentUUID"),
-        capacity=tuple(by_name.get(cap) for cap in CAPACITIES),
-        info=attributes.values(attrs, driver),
-        capacities=capacities,
+        type=_string_attribute(attrs, "type") if "type" in keep else "",
+        product_name=_string_attribute(attrs, "productName") if "product_name" in keep else "",
+        parent_uuid=_string_attribute(attrs, "parentUUID") if "parent_uuid" in keep else "",
+        capacity=tuple(by_name.get(cap) for cap in CAPACITIES) if "capacity" in keep else (None,) * len(CAPACITIES),
+        info=attributes.values(attrs, driver) if "info" in keep else (),
+        capacities=capacities if "capacities" in keep else (),
         defaults=tuple(defaults),
         taints=tuple(taints),
         taints_added=tuple(added) if any(t is not None for t in added) else (),
         counters=tuple(counters),
         multi=multi,
-        partition_type=_attribute_text(_attribute(attrs, partition_attribute, driver)) if partition_attribute else "",
+        partition_type=_attribute_text(_attribute(attrs, partition_attribute, driver))
+        if partition_attribute and "partition_type" in keep
+        else "",
     )
 
 
@@ -325,6 +346,8 @@ def _capacity(index: int) -> Callable[[Slice], Iterable[Sample]]:
     return samples
 
 
+SEED_FIELDS = ("capacity", "type", "product_name", "parent_uuid")
+
 # The seed's compatibility families: names, labels and values kept byte for byte.
 FAMILIES: tuple[Family[Slice], ...] = (
     family(
@@ -333,6 +356,7 @@ FAMILIES: tuple[Family[Slice], ...] = (
         "Device memory capacity in bytes, from the device's capacity.memory.",
         LABELS,
         _capacity(0),
+        fields=SEED_FIELDS,
     ),
     family(
         "kube_resourceslice_device_capacity_multiprocessors",
@@ -340,6 +364,7 @@ FAMILIES: tuple[Family[Slice], ...] = (
         "Device streaming-multiprocessor count, from the device's capacity.multiprocessors.",
         LABELS,
         _capacity(1),
+        fields=SEED_FIELDS,
     ),
     family(
         "kube_resourceslice_device_capacity_decoders",
@@ -347,6 +372,7 @@ FAMILIES: tuple[Family[Slice], ...] = (
         "Device video-decoder count, from the device's capacity.decoders.",
         LABELS,
         _capacity(2),
+        fields=SEED_FIELDS,
     ),
 )
 
@@ -404,6 +430,7 @@ def state_families(attributes: DeviceAttributes = DEFAULT_ATTRIBUTES) -> tuple[F
             (*DEVICE_LABELS, *attributes.labels),
             _info,
             stability="experimental",
+            fields=("info",),
         ),
         family(
             "kube_resourceslice_device_capacity",
@@ -412,6 +439,7 @@ def state_families(attributes: DeviceAttributes = DEFAULT_ATTRIBUTES) -> tuple[F
             (*DEVICE_LABELS, "capacity"),
             _all_capacities,
             stability="experimental",
+            fields=("capacities",),
         ),
         family(
             "kube_resourceslice_device_taint",
@@ -420,6 +448,7 @@ def state_families(attributes: DeviceAttributes = DEFAULT_ATTRIBUTES) -> tuple[F
             (*DEVICE_LABELS, "key", "value", "effect"),
             _taints,
             stability="experimental",
+            fields=("taints",),
         ),
         family(
             "kube_resourceslice_device_taint_added_timestamp",
@@ -429,6 +458,7 @@ def state_families(attributes: DeviceAttributes = DEFAULT_ATTRIBUTES) -> tuple[F
             _taints_added,
             stability="experimental",
             kubernetes="1.34",
+            fields=("taints", "taints_added"),
         ),
         family(
             "kube_resourceslice_counter_set_capacity",
@@ -437,6 +467,7 @@ def state_families(attributes: DeviceAttributes = DEFAULT_ATTRIBUTES) -> tuple[F
             COUNTER_LABELS,
             _counter_capacity,
             stability="experimental",
+            fields=("counter_sets",),
         ),
         family(
             "kube_resourceslice_pool_generation",

@@ -364,10 +364,12 @@ def test_exporter_flag_defaults_are_the_clis(helm, monkeypatch):
     container = _exporter_container(render(helm))
     assert f"--device-attributes={DEFAULT_DEVICE_ATTRIBUTES}" in container["args"]
     assert "--leak-grace-period=600" in container["args"]
+    assert not [a for a in container["args"] if a.startswith("--metric-")]
     rendered = _parse_with_cli(container, monkeypatch)
     defaults = build_parser().parse_args(["exporter"])
     assert rendered.device_attributes == defaults.device_attributes
     assert rendered.leak_grace_period == defaults.leak_grace_period == 600.0
+    assert rendered.metric_allowlist is rendered.metric_denylist is defaults.metric_allowlist is None
 
 
 @pytest.mark.parametrize("sets", [[], ["sharding.enabled=true", "sharding.shards=3"]], ids=["deployment", "sharded"])
@@ -387,6 +389,42 @@ def test_exporter_values_reach_the_cli(helm, monkeypatch, tmp_path, sets, names,
     args = _parse_with_cli(container, monkeypatch)
     assert args.device_attributes.names == tuple(names)
     assert args.leak_grace_period == grace
+
+
+@pytest.mark.parametrize("sets", [[], ["sharding.enabled=true", "sharding.shards=3"]], ids=["deployment", "sharded"])
+@pytest.mark.parametrize("key", ["metricAllowlist", "metricDenylist"])
+def test_metric_lists_reach_the_cli(helm, monkeypatch, tmp_path, sets, key):
+    # Regex syntax that YAML or a shell would mangle unquoted survives as written.
+    entries = ["kube_resourcepool_.+", "kube_resourceclaim_status_(phase|reserved_total)", r"kube_deviceclass_\w+ ?#?"]
+    container = _exporter_container(render(helm, *sets, values=[_values_file(tmp_path, {key: entries})]))
+    flag = "--metric-allowlist" if key == "metricAllowlist" else "--metric-denylist"
+    assert f"{flag}={','.join(entries)}" in container["args"]
+    args = _parse_with_cli(container, monkeypatch)
+    selection = args.metric_allowlist if key == "metricAllowlist" else args.metric_denylist
+    assert selection.entries == tuple(entries)
+    assert selection.allow is (key == "metricAllowlist")
+    assert (args.metric_denylist if key == "metricAllowlist" else args.metric_allowlist) is None
+
+
+@pytest.mark.parametrize(
+    ("exporter", "message"),
+    [
+        (
+            {"metricAllowlist": ["kube_deviceclass_info"], "metricDenylist": ["kube_deviceclass_hourly_cost"]},
+            "mutually exclusive",
+        ),
+        ({"metricAllowlist": ["kube_deviceclass_info,kube_deviceclass_hourly_cost"]}, "does not match pattern"),
+        ({"metricDenylist": [" "]}, "does not match pattern"),
+        ({"metricDenylist": [""]}, "does not match pattern"),
+        ({"metricAllowlist": "kube_deviceclass_info"}, "metricAllowlist"),  # a string, not a list
+        ({"metricAllowlist": ["kube_deviceclass_info", "kube_deviceclass_info"]}, "metricAllowlist"),
+    ],
+)
+def test_metric_list_rejections(helm, tmp_path, exporter, message):
+    values = _values_file(tmp_path, exporter)
+    chart = _helm(helm, "template", "rel", str(CHART), "--kube-version", KUBE_VERSION, "-f", str(values), check=False)
+    assert chart.returncode != 0, "helm accepted values it should reject"
+    assert message.lower() in chart.stderr.lower(), chart.stderr
 
 
 @pytest.mark.parametrize(

@@ -338,3 +338,39 @@ def test_cli_end_to_end_and_sigterm_flushes_otlp(testbed, tmp_path):
         assert any("shutting down" in entry["msg"] for entry in lines)
     finally:
         receiver.stop()
+
+
+def test_seed_allowlist_serves_and_pushes_the_seed_families_only(
+    testbed, admin_client, start_exporter_app, monkeypatch
+):
+    """--metric-allowlist of the seven seed families: nothing else over Prometheus or OTLP, the
+    exporter's own metrics and target_info unaffected, DeviceTaintRules not even watched."""
+    from otel_dra.cli import build_parser
+    from otel_dra.fixtures import apply_all, sample_objects
+
+    apply_all(admin_client, sample_objects())
+    families = build_parser().parse_args(["exporter", "--metric-allowlist=" + ",".join(SEED_FAMILIES)]).metric_allowlist
+    receiver = OtlpReceiver().start()
+    try:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{receiver.http_port}")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "500")
+        app = start_exporter_app(str(testbed.kubeconfig), families=families)
+        wait_until(lambda: app.state.not_synced() is None, what="sync")
+        _code, text = scrape(app.port)
+        assert {n for n, _labels, _v in parse_samples(text) if n.startswith("kube_")} == set(SEED_FAMILIES)
+        typed = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+        assert {n for n in typed if n.startswith("kube_")} == set(SEED_FAMILIES)
+        assert "target_info" in typed and "otel_dra_cache_objects" in typed, typed
+        watched = {labels["resource"] for n, labels, _v in parse_samples(text) if n == "otel_dra_cache_objects"}
+        assert watched == {"resourceclaims", "resourceslices", "deviceclasses"}
+
+        otel_names = {"kube_resourceslice_device_capacity_memory_bytes": "kube_resourceslice_device_capacity_memory"}
+        wanted = {otel_names.get(n, n) for n in SEED_FAMILIES}
+        assert receiver.wait_for(lambda r: wanted <= set(r.metric_points())), set(receiver.metric_points())
+        app.stop()  # the final push, then nothing more arrives
+        pushed = set(receiver.metric_points())
+        assert {n for n in pushed if n.startswith("kube_")} == wanted
+        assert "otel_dra.cache.objects" in pushed  # the self-metrics, pushed by the SDK
+    finally:
+        receiver.stop()

@@ -7,8 +7,9 @@ from pathlib import Path
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader, Sum
 
-from otel_dra.cluster import deviceclass, devicetaintrule, joins, pod, resourceclaim, resourceslice
-from otel_dra.cluster.exporter import ClusterState
+from otel_dra.cluster import joins
+from otel_dra.cluster.exporter import SEED_FAMILIES, ClusterState, all_families
+from otel_dra.cluster.selection import FamilySelection
 from otel_dra.kube.client import RequestRecord
 from otel_dra.plugin import driver as plugin_driver
 from otel_dra.plugin import metrics as plugin_metrics
@@ -16,6 +17,7 @@ from otel_dra.plugin import server as plugin_server
 from otel_dra.telemetry.naming import prometheus_name
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+NAMES = [f.prom_name for f in all_families()]
 
 
 def _table_rows() -> dict[str, tuple[str, ...]]:
@@ -31,14 +33,6 @@ def _fmt_labels(labels) -> str:
     return ", ".join(labels)
 
 
-def _state_families():
-    for module in (resourceclaim, resourceslice, deviceclass, devicetaintrule):
-        yield from module.FAMILIES
-        yield from module.STATE_FAMILIES
-    yield from pod.STATE_FAMILIES
-    yield from joins.ALL_FAMILIES
-
-
 def _minor(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split("."))
 
@@ -49,7 +43,7 @@ def compatibility_matrix() -> str:
 
     minors = [release.minor for release in KUBERNETES_RELEASES]
     lines = ["| family | " + " | ".join(minors) + " |", "|---|" + "---|" * len(minors)]
-    for fam in sorted(_state_families(), key=lambda f: f.prom_name):
+    for fam in sorted(all_families(), key=lambda f: f.prom_name):
         since = _minor(fam.kubernetes or minors[0])
         cells = ["yes" if _minor(minor) >= since else "no" for minor in minors]
         lines.append(f"| {fam.prom_name} | " + " | ".join(cells) + " |")
@@ -64,7 +58,7 @@ def test_compatibility_matrix_is_the_families_own():
 
 def test_state_families_documented():
     rows = _table_rows()
-    for fam in _state_families():
+    for fam in all_families():
         g = fam.gauge
         assert fam.gauge.name in rows, f"{g.name} missing from docs/metrics.md"
         _otel, unit, prom, kind, labels, stability, meaning = rows.pop(g.name)
@@ -172,3 +166,21 @@ def test_plugin_span_attributes_documented():
     assert len(attributes) >= 20
     for attribute in attributes:
         assert f"`{attribute}`" in section, f"span attribute {attribute} is not documented in docs/metrics.md"
+
+
+def test_joined_family_needs_documented():
+    """The table of "Choosing families" in docs/metrics.md is what each joined family reads."""
+    text = DOC.read_text()
+    section = text[text.index("### Choosing families") : text.index("## Exporter self-metrics")]
+    documented = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0].startswith("`kube_"):
+            documented[cells[0].strip("`")] = tuple(r.strip("` ") for r in cells[1].split(","))
+    assert documented == {f.prom_name: f.reads for f in joins.ALL_FAMILIES}
+    # The example allowlist is the seven seed families.
+    example = FamilySelection.parse(
+        section.split("--metric-allowlist='", 1)[1].split("'", 1)[0], allow=True, names=NAMES
+    )
+    assert example is not None
+    assert [n for n in NAMES if example.serves(n)] == [f.prom_name for f in SEED_FAMILIES]

@@ -101,6 +101,27 @@ def test_device_health_joins_claim_and_device() -> None:
     assert problems == []
 
 
+def test_a_slim_parser_keeps_only_the_fields_of_the_served_families() -> None:
+    obj = _pod(
+        {"containers": [{"name": "c", "image": "x"}], "resourceClaims": [{"name": "gpu", "resourceClaimName": "g"}]},
+        {
+            "containerStatuses": [
+                {
+                    "name": "c",
+                    "allocatedResourcesStatus": [
+                        {"name": "claim:gpu", "resources": [{"resourceID": "d/p/x", "health": "Healthy"}]}
+                    ],
+                }
+            ]
+        },
+    )
+    full = pod.parse(obj, [].append)
+    assert full.claims and full.health
+    assert pod.make_parser(("health",))(obj, [].append) == pod.Pod("ml", "trainer", "u-1", health=full.health)
+    assert pod.make_parser(("claims",))(obj, [].append) == pod.Pod("ml", "trainer", "u-1", claims=full.claims)
+    assert pod.make_parser(())(obj, [].append) == pod.Pod("ml", "trainer", "u-1")
+
+
 def test_a_pod_without_dra_keeps_nothing_and_bad_fields_are_reported() -> None:
     problems: list[str] = []
     assert pod.parse(_pod(), problems.append) == pod.Pod("ml", "trainer", "u-1")

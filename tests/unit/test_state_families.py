@@ -55,9 +55,17 @@ ALLOCATIONS: dict[str, list[dict[str, Any]]] = {
 
 def _world(otlp: bool = False) -> World:
     w = World(now=[1_800_000_000.0], otlp=otlp)
-    kinds = {"ResourceClaim": w.claims, "ResourceSlice": w.slices, "DeviceClass": w.classes, "DeviceTaintRule": w.rules}
+    load_golden(
+        {"ResourceClaim": w.claims, "ResourceSlice": w.slices, "DeviceClass": w.classes, "DeviceTaintRule": w.rules}
+    )
+    return w
+
+
+def load_golden(kinds: dict[str, Any]) -> None:
+    """Upsert the golden objects, allocated as the scheduler allocated them, into the store of their
+    kind (a kind missing or mapped to None is skipped)."""
     for i, doc in enumerate(yaml.safe_load_all(OBJECTS.read_text())):
-        if not doc or doc["kind"] not in kinds:
+        if not doc or kinds.get(doc["kind"]) is None:
             continue
         obj = copy.deepcopy(doc)
         meta = obj["metadata"]
@@ -101,7 +109,6 @@ def _world(otlp: bool = False) -> World:
                 ]
             }
         kinds[doc["kind"]].upsert(obj)
-    return w
 
 
 def _stores(world: World) -> list[Any]:

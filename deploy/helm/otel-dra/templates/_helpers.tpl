@@ -48,6 +48,9 @@ app.kubernetes.io/component: exporter
 {{- if not .Values.rbac.useClusterRole }}
 {{- fail "rbac.useClusterRole=false is not supported: the exporter lists and watches ResourceClaims in all namespaces and cluster-scoped ResourceSlices and DeviceClasses, which only a ClusterRole can grant" }}
 {{- end }}
+{{- if and .Values.exporter.metricAllowlist .Values.exporter.metricDenylist }}
+{{- fail "exporter.metricAllowlist and exporter.metricDenylist are mutually exclusive (as --metric-allowlist and --metric-denylist are): set one of them" }}
+{{- end }}
 {{- if and .Values.rbac.useExistingRole (not .Values.rbac.existingRoleName) }}
 {{- fail "rbac.useExistingRole=true needs rbac.existingRoleName" }}
 {{- end }}
@@ -103,6 +106,12 @@ spec:
         - --target-info={{ .Values.exporter.targetInfo }}
         - --device-attributes={{ join "," .Values.exporter.deviceAttributes }}
         - --leak-grace-period={{ .Values.exporter.leakGracePeriod }}
+        {{- with .Values.exporter.metricAllowlist }}
+        - {{ printf "--metric-allowlist=%s" (join "," .) | quote }}
+        {{- end }}
+        {{- with .Values.exporter.metricDenylist }}
+        - {{ printf "--metric-denylist=%s" (join "," .) | quote }}
+        {{- end }}
         - --watch-pods={{ .Values.exporter.watchPods }}
         {{- if .Values.sharding.enabled }}
         - --shard=auto
