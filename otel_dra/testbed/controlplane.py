@@ -354,6 +354,7 @@ def up(
     feature_gates: Mapping[str, bool] | None = None,
     apiserver_args: Sequence[str] = (),
     kubernetes_version: str | KubernetesRelease | None = None,
+    extra_controllers: Sequence[str] = (),
 ) -> Testbed:
     """Start a control plane with its state under ``dir`` and return once every part is ready.
 
@@ -361,7 +362,8 @@ def up(
     again and :class:`TestbedError` carries the tail of the failing component's log.
     ``feature_gates`` go to every component (they must agree, e.g. on which fields the scheduler may
     allocate from; default: those of the release, RELEASE_SETTINGS); ``apiserver_args`` are extra
-    kube-apiserver flags. ``kubernetes_version`` picks the release (default: kubernetes_release()),
+    kube-apiserver flags; ``extra_controllers`` are kube-controller-manager controllers to run
+    besides the resourceclaim and garbage-collector ones. ``kubernetes_version`` picks the release (default: kubernetes_release()),
     which must be the one ``binaries`` were built from.
     """
     release = kubernetes_release(kubernetes_version)
@@ -406,7 +408,7 @@ def up(
     ):
         apiserver_args = [*apiserver_args, f"--runtime-config={settings.taint_rule_api}=true"]
         taint_rules_served = True
-    controllers = ["resourceclaim-controller", "garbage-collector-controller"]
+    controllers = ["resourceclaim-controller", "garbage-collector-controller", *extra_controllers]
     if taint_rules_served:
         controllers.append("device-taint-eviction-controller")
     testbed = Testbed(
@@ -540,6 +542,7 @@ def running(
     feature_gates: Mapping[str, bool] | None = None,
     apiserver_args: Sequence[str] = (),
     kubernetes_version: str | KubernetesRelease | None = None,
+    extra_controllers: Sequence[str] = (),
 ) -> Iterator[Testbed]:
     """``up`` on entry and ``down`` on exit, for fixtures and scripts."""
     testbed = up(
@@ -551,6 +554,7 @@ def running(
         feature_gates=feature_gates,
         apiserver_args=apiserver_args,
         kubernetes_version=kubernetes_version,
+        extra_controllers=extra_controllers,
     )
     try:
         yield testbed
