@@ -165,6 +165,16 @@ def claim_pod(name: str, namespace: str, claim: str, node: str | None = None) ->
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
 
 
+def driver_class(driver: str) -> dict[str, Any]:
+    """A DeviceClass named after ``driver`` that selects every device of that driver."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": driver},
+        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{driver}'"}}]},
+    }
+
+
 def device_claim(name: str, namespace: str, device_class: str, selector: str | None = None) -> dict[str, Any]:
     """A ResourceClaim for one device of ``device_class`` (matching the CEL ``selector``, if given)."""
     exactly: dict[str, Any] = {"deviceClassName": device_class}

@@ -363,8 +363,8 @@ def up(
     ``feature_gates`` go to every component (they must agree, e.g. on which fields the scheduler may
     allocate from; default: those of the release, RELEASE_SETTINGS); ``apiserver_args`` are extra
     kube-apiserver flags; ``extra_controllers`` are kube-controller-manager controllers to run
-    besides the resourceclaim and garbage-collector ones. ``kubernetes_version`` picks the release (default: kubernetes_release()),
-    which must be the one ``binaries`` were built from.
+    besides the resourceclaim and garbage-collector ones. ``kubernetes_version`` picks the release
+    (default: kubernetes_release()), which must be the one ``binaries`` were built from.
     """
     release = kubernetes_release(kubernetes_version)
     settings = release_settings(release)

@@ -14,7 +14,7 @@ import pytest
 from otel_dra.fixtures import create
 from otel_dra.kube.client import ApiError, KubeClient, load_credentials
 from otel_dra.testbed import running
-from tests.helpers import parse_samples, place, ready_node, scrape, wait_until
+from tests.helpers import driver_class, parse_samples, place, ready_node, scrape, wait_until
 from tests.integration.test_shared_counters import BAD_NODE, DRIVER, HALF, NODE, NS, SLICES
 
 # A third pool like NODE's, whose devices slice names its partition type attribute (1.37, alpha).
@@ -125,15 +125,7 @@ def test_pool_figures_agree_with_resource_pool_status_request(oracle_testbed, st
         ready_node(client, node)
     for obj in (*SLICES, *_typed_slices()):
         create(client, obj)
-    create(
-        client,
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]},
-        },
-    )
+    create(client, driver_class(DRIVER))
     app = start_exporter_app(str(oracle_testbed.kubeconfig))
     wait_until(lambda: app.state.not_synced() is None, what="sync")
 

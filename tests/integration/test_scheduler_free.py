@@ -8,7 +8,7 @@ from typing import Any
 
 from otel_dra.fixtures import create
 from otel_dra.kube.client import ApiError, KubeClient, load_credentials
-from tests.helpers import parse_samples, place, ready_node, scrape, shaped_for_testbed, wait_until
+from tests.helpers import driver_class, parse_samples, place, ready_node, scrape, shaped_for_testbed, wait_until
 
 DRIVER = "free.example.com"
 NS = "sched-free"
@@ -88,15 +88,7 @@ def test_free_count_matches_what_the_scheduler_can_still_allocate(testbed_sched,
         ready_node(client, node)
         for shaped in shaped_for_testbed(slice_):  # 1.35+: free-c's counters in a slice of their own
             create(client, shaped)
-    create(
-        client,
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]},
-        },
-    )
+    create(client, driver_class(DRIVER))
     try:
         app = start_exporter_app(str(testbed_sched.kubeconfig))
         wait_until(lambda: app.state.not_synced() is None, what="sync")

@@ -20,7 +20,7 @@ from otel_dra.cluster.sharding import Shard
 from otel_dra.fixtures import create
 from otel_dra.kube.client import ApiError, KubeClient, load_credentials
 from otel_dra.testbed.controlplane import release_settings
-from tests.helpers import parse_samples, place, ready_node, scrape, wait_until
+from tests.helpers import driver_class, parse_samples, place, ready_node, scrape, wait_until
 
 pytestmark = pytest.mark.kubernetes(min="1.35", reason="counter sets are pool-wide since Kubernetes 1.35")
 
@@ -131,12 +131,7 @@ def test_pool_wide_counters_match_what_the_scheduler_allocates(testbed_sched, st
         ready_node(client, node)
     for obj in SLICES:
         create(client, obj)
-    device_class = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": DRIVER},
-        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]},
-    }
+    device_class = driver_class(DRIVER)
     create(client, device_class)
     rule_api = release_settings().taint_rule_api or "resource.k8s.io/v1"
     rule_path = f"/apis/{rule_api}/devicetaintrules/{NS}"
