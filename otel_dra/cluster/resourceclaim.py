@@ -46,6 +46,7 @@ class Claim:
     status_time: float | None = None
     # status.devices[].conditions[]: (driver, pool, device, share_id, type, status "true|false|unknown").
     conditions: tuple[tuple[str, str, str, str, str, str], ...] = ()
+    source: str = ""  # one of SOURCES, from the annotations Kubernetes sets on claims it makes
 
     @property
     def key(self) -> str:
@@ -59,6 +60,21 @@ class Claim:
 
 
 PHASES = ("pending", "allocated", "reserved")
+
+# Who made the claim. The resourceclaim controller marks the claims it generates from a pod's
+# ResourceClaimTemplate with the pod's claim name; kube-scheduler marks the claims it makes for a
+# pod's extended-resource requests (DRAExtendedResource) with "true". Both since Kubernetes 1.34.
+POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+EXTENDED_RESOURCE_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
+SOURCES = ("direct", "template", "extended_resource")
+
+
+def _source(meta: dict[str, Any]) -> str:
+    annotations = meta.get("annotations")
+    annotations = annotations if isinstance(annotations, dict) else {}
+    if annotations.get(EXTENDED_RESOURCE_ANNOTATION) == "true":
+        return "extended_resource"
+    return "template" if POD_CLAIM_ANNOTATION in annotations else "direct"
 
 
 def _str(value: Any) -> str | None:
@@ -130,7 +146,17 @@ def _conditions(status: dict[str, Any], report: Callable[[str], None]) -> tuple[
 # The fields of Claim that only some families read (Family.fields); a parser made for a set of
 # them leaves the others at their defaults (memory: a family that is off keeps nothing).
 FIELDS = frozenset(
-    {"allocated", "pods", "created", "allocation_time", "results", "request_classes", "status_time", "conditions"}
+    {
+        "allocated",
+        "pods",
+        "created",
+        "allocation_time",
+        "results",
+        "request_classes",
+        "status_time",
+        "conditions",
+        "source",
+    }
 )
 
 
@@ -208,6 +234,7 @@ def _parse(obj: dict[str, Any], report: Callable[[str], None], keep: frozenset[s
         request_classes=_request_classes(obj.get("spec")) if "request_classes" in keep else (),
         status_time=_status_time(meta) if unreserved and "status_time" in keep else None,
         conditions=_conditions(status, report) if "conditions" in keep else (),
+        source=_source(meta) if "source" in keep else "",
     )
 
 
@@ -288,7 +315,22 @@ def _device_conditions(c: Claim) -> Iterable[Sample]:
             yield (c.name, c.namespace, driver, pool, device, share_id, condition, state), value
 
 
+def _claim_source(c: Claim) -> Iterable[Sample]:
+    yield (c.name, c.namespace, c.source), 1.0
+
+
 STATE_FAMILIES: tuple[Family[Claim], ...] = (
+    family(
+        "kube_resourceclaim_source",
+        "",
+        "Who made the ResourceClaim: direct (a user or controller), template (the resourceclaim "
+        "controller, from a pod's ResourceClaimTemplate) or extended_resource (kube-scheduler, for a "
+        "pod's extended-resource request).",
+        ("resourceclaim_name", "namespace", "source"),
+        _claim_source,
+        stability="experimental",
+        fields=("source",),
+    ),
     family(
         "kube_resourceclaim_status_phase",
         "",

@@ -105,6 +105,13 @@ def test_pod_claims_resolve_to_the_generated_and_the_direct_claim(testbed_sched,
              "resourceclaim_template_name": ""},
         ]  # fmt: skip
         wait_until(lambda: _info(app.port) == expected, what="the pod's claims in kube_pod_resourceclaim_info")
+        # The generated claim is the template's; the one the pod names is direct.
+        sources = {
+            labels["resourceclaim_name"]: labels["source"]
+            for name, labels, _ in parse_samples(scrape(app.port)[1])
+            if name == "kube_resourceclaim_source" and labels["namespace"] == NS
+        }
+        assert sources == {claim: "template", "shared": "direct"}
         client.request("DELETE", f"/api/v1/namespaces/{NS}/pods/worker", query={"gracePeriodSeconds": 0})
         wait_until(lambda: _info(app.port) == [], what="the deleted pod's series to go")
     finally:

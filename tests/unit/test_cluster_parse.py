@@ -288,3 +288,19 @@ def test_initial_list_is_joined_as_it_streams_in_key_order_or_not():
         return [(h.name, b"".join(b for g in gs for b in g.raw())) for h, gs in store.otlp_metrics()]
 
     assert points(ordered) == points(shuffled) and any(data for _, data in points(ordered))
+
+
+def test_claim_source_from_the_annotations_kubernetes_sets():
+    def source(annotations):
+        meta = {"name": "c", "namespace": "ns", **({"annotations": annotations} if annotations is not None else {})}
+        claim = resourceclaim.parse({"metadata": meta, "spec": {}}, lambda problem: None)
+        [(labels, value)] = resourceclaim.STATE_FAMILIES[0].samples(claim)
+        assert value == 1.0
+        return tuple(labels)
+
+    assert source(None) == ("c", "ns", "direct")
+    assert source({"resource.kubernetes.io/pod-claim-name": "gpu"}) == ("c", "ns", "template")
+    assert source({"resource.kubernetes.io/extended-resource-claim": "true"}) == ("c", "ns", "extended_resource")
+    # Only "true" is valid for the scheduler's annotation; anything else is not its claim.
+    assert source({"resource.kubernetes.io/extended-resource-claim": "yes"}) == ("c", "ns", "direct")
+    assert source("not-a-map") == ("c", "ns", "direct")
