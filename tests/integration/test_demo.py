@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import IO
 
 from otel_dra.kube.client import KubeClient, load_credentials
 from otel_dra.testbed import Testbed
@@ -38,6 +39,16 @@ def _processes_under(directory: Path) -> list[int]:
     return found
 
 
+def _stop(proc: subprocess.Popen[bytes], log: IO[str]) -> str:
+    """Ctrl-C the demo, wait for it, and return everything it printed."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=90)
+    log.seek(0)
+    with log:
+        return log.read()
+
+
 def test_demo_runs_the_dra_path_and_cleans_up(testbed_binaries):
     plugin_port = free_ports(2)  # one metrics port per node, from this base
     port = free_port()
@@ -45,14 +56,15 @@ def test_demo_runs_the_dra_path_and_cleans_up(testbed_binaries):
         port = free_port()
     # Short: the plugins' unix sockets live under it (107-byte limit).
     directory = Path(tempfile.mkdtemp(prefix="demo-"))
+    # Output to a file: a pipe nobody reads while it runs would fill up and block it.
+    log = (directory / "command.log").open("w+")
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "otel_dra", "demo", "--dir", str(directory), "--nodes", "2", "--pods", "4",
             "--port", str(port), "--plugin-metrics-port", str(plugin_port),
         ],
-        stdout=subprocess.PIPE,
+        stdout=log,
         stderr=subprocess.STDOUT,
-        text=True,
     )  # fmt: skip
     try:
         kubeconfig = wait_until(
@@ -103,14 +115,10 @@ def test_demo_runs_the_dra_path_and_cleans_up(testbed_binaries):
         wait_until(consistent, 90, interval=0.5, what="exporter state matching the Running pods")
         pids = list(Testbed.load(directory / "testbed").pids.values())
     except AssertionError as exc:
-        proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=90)
+        output = _stop(proc, log)
         logs = "".join(f"\n--- {p}\n{p.read_text()[-3000:]}" for p in directory.glob("nodes/*/plugin.log"))
         raise AssertionError(f"{exc}\n--- demo output:\n{output[-6000:]}{logs}") from None
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=90)
+    output = _stop(proc, log)
     assert proc.returncode == 0, output
     assert f"curl -s http://127.0.0.1:{port}/metrics" in output
     assert f"curl -s http://127.0.0.1:{plugin_port}/metrics" in output

@@ -49,7 +49,8 @@ def demo(otelcol_gateway, testbed_binaries) -> Iterator[dict[str, Any]]:
     while plugin_port <= port < plugin_port + NODES:
         port = free_port()
     directory = Path(tempfile.mkdtemp(prefix="e2e-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    # No OTel settings of the test run's own, but the same testbed Kubernetes (OTEL_DRA_*).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") or k.startswith("OTEL_DRA_")}
     env.update(
         OTEL_EXPORTER_OTLP_ENDPOINT=f"http://{otelcol_gateway.endpoint(4318)}",
         OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
@@ -57,24 +58,27 @@ def demo(otelcol_gateway, testbed_binaries) -> Iterator[dict[str, Any]]:
         OTEL_TRACES_SAMPLER="always_on",
         OTEL_BSP_SCHEDULE_DELAY="500",
     )
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "otel_dra", "demo", "--dir", str(directory), "--nodes", str(NODES),
-            "--pods", str(PODS), "--port", str(port), "--plugin-metrics-port", str(plugin_port),
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )  # fmt: skip
+    # Its output goes to a file: a pipe nobody reads while the demo runs would fill up and block it.
+    log = directory / "demo.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "otel_dra", "demo", "--dir", str(directory), "--nodes", str(NODES),
+                "--pods", str(PODS), "--port", str(port), "--plugin-metrics-port", str(plugin_port),
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
     try:
-        wait_until(lambda: proc.poll() is not None or scrape(port)[0] == 200 if _listening(port) else None,
+        wait_until(lambda: proc.poll() is not None or (_listening(port) and scrape(port)[0] == 200),
                    180, what="the demo's exporter")  # fmt: skip
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert proc.poll() is None, log.read_text()
         yield {"port": port, "plugin_ports": [plugin_port + i for i in range(NODES)], "dir": directory}
     finally:
         proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
+        output = log.read_text()
         shutil.rmtree(directory, ignore_errors=True)
     assert proc.returncode == 0, output
 

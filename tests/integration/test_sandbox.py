@@ -13,11 +13,12 @@ from tests.helpers import SEED_FAMILIES, free_port, scrape, wait_until
 def test_sandbox_serves_sample_state_and_cleans_up(testbed_binaries, tmp_path):
     port = free_port()
     directory = tmp_path / "sandbox"
+    # Output to a file: a pipe nobody reads while it runs would fill up and block it.
+    log = (tmp_path / "command.log").open("w+")
     proc = subprocess.Popen(
         [sys.executable, "-m", "otel_dra", "sandbox", "--dir", str(directory), "--port", str(port)],
-        stdout=subprocess.PIPE,
+        stdout=log,
         stderr=subprocess.STDOUT,
-        text=True,
     )
     try:
 
@@ -36,7 +37,10 @@ def test_sandbox_serves_sample_state_and_cleans_up(testbed_binaries, tmp_path):
         assert pids
     finally:
         proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
+        log.seek(0)
+        output = log.read()
+        log.close()
     assert proc.returncode == 0, output
     assert f"curl -s http://127.0.0.1:{port}/metrics" in output
     for pid in pids.values():
