@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
@@ -88,13 +88,15 @@ class _SelfMetrics:
         self.watch_errors.add(1, {"resource": resource, "code": str(status)})
 
 
-def _always(resource: ResourceType) -> Callable[[KubeClient], ResourceType | None]:
-    """Discovery of a resource every API server serves (its absence can only be RBAC's)."""
+class _Watched(NamedTuple):
+    """One resource the collector may watch."""
 
-    def discover(client: KubeClient) -> ResourceType | None:
-        return resource
-
-    return discover
+    resource: ResourceType
+    parse: Parser[Any]
+    owns: Callable[[dict[str, Any]], bool]  # which objects this replica renders (sharding)
+    listener: Listener[Any] | None  # the joins' hook
+    discover: Callable[[KubeClient], ResourceType | None] | None = None  # where it is served
+    optional: bool = False  # may be missing (not served, or not allowed) without being out of sync
 
 
 def object_families(
@@ -150,36 +152,35 @@ class ClusterState:
         # The slim objects keep only the optional fields that a served family reads.
         serving = [*(f for fs in own.values() for f in families.select(fs)), *self.joins.families]
         keep = {name for f in serving for name in f.fields}
-        # (resource, parser, which objects this replica renders, the joins' listener, discovery)
-        resources: list[tuple[ResourceType, Parser[Any], Any, Listener[Any] | None, Any]] = [
-            (resourceclaim.RESOURCE, resourceclaim.make_parser(keep), shard.owns, self.joins.claims_changed, None),
-            (
+        resources = [
+            _Watched(resourceclaim.RESOURCE, resourceclaim.make_parser(keep), shard.owns, self.joins.claims_changed),
+            _Watched(
                 resourceslice.RESOURCE,
                 resourceslice.make_parser(device_attributes, keep),
                 shard.owns,
                 self.joins.slices_changed,
-                None,
             ),
-            (deviceclass.RESOURCE, deviceclass.parse, shard.first_only(), self.joins.classes_changed, None),
-            # DeviceTaintRules are an alpha API: optional, found by discovery.
-            (
+            _Watched(deviceclass.RESOURCE, deviceclass.parse, shard.first_only(), self.joins.classes_changed),
+            # DeviceTaintRules: optional (not served before 1.37 unless enabled), found by discovery.
+            _Watched(
                 devicetaintrule.RESOURCE,
                 devicetaintrule.parse,
                 shard.first_only(),
                 self.joins.rules_changed,
-                devicetaintrule.discover,
+                discover=devicetaintrule.discover,
             ),
         ]
         if pods:
-            # Pods: their DRA references and device health (kube_pod_*). Optional like DeviceTaintRules:
-            # without list/watch on pods (RBAC), the exporter logs it once and serves the rest.
-            resources.append((pod.RESOURCE, pod.make_parser(keep), shard.owns, None, _always(pod.RESOURCE)))
+            # Pods: their DRA references and device health (kube_pod_*). Optional: without list/watch
+            # on pods (RBAC), the exporter logs it once and serves the rest.
+            resources.append(_Watched(pod.RESOURCE, pod.make_parser(keep), shard.owns, None, optional=True))
         else:
             log.info("not watching pods: --watch-pods is off")
         self.stores: list[ObjectStore[Any]] = []
         self.reflectors: list[Reflector] = []
         by_resource: dict[str, ObjectStore[Any]] = {}
-        for rtype, parse, keep, listener, discover in resources:
+        for watched in resources:
+            rtype = watched.resource
             served = families.select(own[rtype.plural])
             joined = rtype.plural in self.joins.reads
             if not served and not joined:
@@ -187,10 +188,10 @@ class ClusterState:
                 continue
             store: ObjectStore[Any] = ObjectStore(
                 rtype.plural,
-                parse,
+                watched.parse,
                 served,
-                keep=keep,
-                listener=listener if joined else None,
+                keep=watched.owns,
+                listener=watched.listener if joined else None,
                 on_problem=self._count_problem,
                 otlp=otlp,
             )
@@ -204,7 +205,8 @@ class ClusterState:
                     events=self._metrics,
                     stale_after=stale_after,
                     page_size=page_size,
-                    discover=discover,
+                    discover=watched.discover,
+                    optional=watched.optional,
                 )
             )
         self.claims = by_resource.get(resourceclaim.RESOURCE.plural)

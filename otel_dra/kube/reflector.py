@@ -11,12 +11,13 @@ synced while the watch is healthy. When the watch breaks, the cache still serves
 ``stale_after`` seconds (a reconnect normally takes milliseconds); past that it is out of sync
 until a watch is established again or a relist succeeds.
 
-An *optional* resource (an alpha API behind a feature gate, say) is found through API discovery
-before each list; the version discovery chose is logged when it is first found and again only when
-it changes (or the resource comes back after being unavailable). When the API server does not serve
-it, or RBAC does not allow listing or watching it, the handler is emptied, the reason is logged
-once, the cache counts as in sync (it holds, correctly, nothing), and discovery is tried again
-every ``unavailable_retry`` seconds.
+An *optional* resource (an alpha API behind a feature gate, say, or one the exporter may lack the
+RBAC for) may be missing without the cache being out of sync. One found through API discovery is
+looked up before each list; the version discovery chose is logged when it is first found and again
+only when it changes (or the resource comes back after being unavailable). When the API server does
+not serve it, or RBAC does not allow listing or watching it, the handler is emptied, the reason is
+logged once, the cache counts as in sync (it holds, correctly, nothing), and the list is tried
+again every ``unavailable_retry`` seconds.
 """
 
 from __future__ import annotations
@@ -101,13 +102,16 @@ class Reflector:
         field_selector: str = "",
         discover: Callable[[KubeClient], ResourceType | None] | None = None,
         unavailable_retry: float = 300.0,
+        optional: bool = False,
     ) -> None:
-        """``discover`` makes the resource optional (see the module notes): it returns where the
-        resource is served (its group version may differ between clusters), or None."""
+        """``optional`` makes the resource optional (see the module notes); so does ``discover``,
+        which returns where the resource is served (its group version may differ between
+        clusters), or None."""
         self.client = client
         self.field_selector = field_selector  # e.g. "spec.nodeName=node-1": list and watch alike
         self.resource = resource
         self.discover = discover
+        self.optional = optional or discover is not None
         self.unavailable_retry = unavailable_retry
         self._unavailable: str | None = None
         self._announced: ResourceType | None = None  # the discovered version last logged
@@ -143,15 +147,18 @@ class Reflector:
             self._last_sync_wall = time.time()
             if self._error is not None:
                 log.info("%s: recovered", self.resource.plural)
-            if listed and self.discover is not None:
-                # The version discovery chose: logged once, and again when it changes or comes back.
-                if self._unavailable is not None or self.resource != self._announced:
+            if listed and self.optional:
+                back = self._unavailable is not None
+                if self.discover is not None and (back or self.resource != self._announced):
+                    # The version discovery chose: logged once, and again when it changes or comes back.
                     log.info(
                         "%s: served at %s (found by API discovery), watching it",
                         self.resource.plural,
                         self.resource.group_version,
                     )
                     self._announced = self.resource
+                elif back:
+                    log.info("%s: listed again, watching it", self.resource.plural)
                 self._unavailable = None
             self._error = None
             self._logged_error = None
@@ -243,7 +250,7 @@ class Reflector:
 
     def _optional_error(self, exc: ApiError) -> None:
         """For an optional resource, answers that mean "not for us" become _Unavailable."""
-        if self.discover is None:
+        if not self.optional:
             return
         if exc.status == 404:
             raise _Unavailable(f"not served by the API server ({self.resource.group_version})") from exc

@@ -198,6 +198,32 @@ def test_optional_resource_not_served_or_forbidden_is_logged_once_and_counts_as_
     assert handler.objects == {}  # nothing stale is served
 
 
+def test_optional_resource_without_discovery_forbidden_then_allowed(caplog):
+    """Pods: always served, optional only because RBAC may not allow them. A 403 empties the cache,
+    keeps it in sync and is logged once; once allowed, the list is logged as back."""
+    import logging
+
+    page = {"metadata": {"resourceVersion": "3"}, "items": [_obj("p", "2")]}
+    done = threading.Event()
+    client = _Client([ApiError(403, "Forbidden"), ApiError(403, "Forbidden"), page], [], done)
+    handler = _Handler()
+    handler.objects = {"stale": _obj("stale", "1")}
+    pods = ResourceType("pods", "v1")
+    reflector = Reflector(client, pods, handler, backoff=(0.001, 0.002), optional=True, unavailable_retry=0.01)
+    assert reflector.discover is None and reflector.optional
+    with caplog.at_level(logging.INFO, logger="otel_dra.kube.reflector"):
+        thread = threading.Thread(target=reflector.run, daemon=True)
+        thread.start()
+        assert done.wait(5)
+        reflector.stop()
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum(m.startswith("pods: forbidden") for m in messages) == 1
+    assert "pods: listed again, watching it" in messages
+    assert not any("found by API discovery" in m for m in messages)
+    assert reflector.state().synced and reflector.state().unavailable is None
+    assert list(handler.objects) == ["p"]  # the stale object went with the 403, the listed one came
+
+
 def _discovery(served: dict[str, list[str]]):
     """A client answering API discovery for resource.k8s.io as a release serves it: version ->
     resource names (as /apis/resource.k8s.io/<version> lists them)."""
