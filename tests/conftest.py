@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from otel_dra.testbed import Binaries, BinariesMissingError, Testbed, build, find_binaries, running
-from otel_dra.testbed.build import build_jaeger, build_otelcol, find_jaeger, find_otelcol, kubernetes_release
+from otel_dra.testbed.build import (
+    build_jaeger,
+    build_otelcol,
+    find_jaeger,
+    find_otelcol,
+    kubernetes_release,
+    version_key,
+)
 from tests import peers
 
 # tests/thread_leaks.py: a test, or a wider-scoped fixture, that leaves a thread running fails.
@@ -43,10 +50,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         _skip_outside_kubernetes_range(item)
 
 
-def _minor(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split("."))
-
-
 def _skip_outside_kubernetes_range(item: pytest.Item) -> None:
     """``@pytest.mark.kubernetes(min="1.35", max="1.36", reason=...)``: the test needs a testbed of
     those minors (OTEL_DRA_KUBERNETES_VERSION, see otel_dra.testbed.build.kubernetes_release) and is
@@ -56,7 +59,7 @@ def _skip_outside_kubernetes_range(item: pytest.Item) -> None:
         return
     minor = kubernetes_release().minor
     low, high = marker.kwargs.get("min"), marker.kwargs.get("max")
-    if (low and _minor(minor) < _minor(low)) or (high and _minor(minor) > _minor(high)):
+    if (low and version_key(minor) < version_key(low)) or (high and version_key(minor) > version_key(high)):
         reason = marker.kwargs.get("reason", "")
         item.add_marker(
             pytest.mark.skip(reason=f"not on Kubernetes {minor} (needs {low or ''}..{high or ''}): {reason}")

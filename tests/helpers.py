@@ -26,9 +26,9 @@ SEED_FAMILIES = (
 def pool_wide_counters() -> bool:
     """Whether the testbed's Kubernetes (OTEL_DRA_KUBERNETES_VERSION) is 1.35 or later, where shared
     counters are pool-wide and may not share a slice with devices."""
-    from otel_dra.testbed.build import kubernetes_release
+    from otel_dra.testbed.build import kubernetes_release, version_key
 
-    return tuple(map(int, kubernetes_release().minor.split("."))) >= (1, 35)
+    return version_key(kubernetes_release().minor) >= (1, 35)
 
 
 def shaped_for_testbed(obj: dict[str, Any]) -> list[dict[str, Any]]:
@@ -37,12 +37,10 @@ def shaped_for_testbed(obj: dict[str, Any]) -> list[dict[str, Any]]:
     Since 1.35 "only one of sharedCounters or devices" may be set in a slice: a slice with both
     becomes a counters slice ``<name>-counters`` and its devices' slice, one more slice of the same
     pool. DeviceTaintRules are created in the API version that minor serves."""
-    from otel_dra.testbed.build import kubernetes_release
-    from otel_dra.testbed.controlplane import RELEASE_SETTINGS
+    from otel_dra.testbed.controlplane import release_settings
 
     if obj["kind"] == "DeviceTaintRule":
-        api = RELEASE_SETTINGS[kubernetes_release().minor].taint_rule_api or "resource.k8s.io/v1"
-        return [{**obj, "apiVersion": api}]
+        return [{**obj, "apiVersion": release_settings().served_taint_rule_api}]
     spec = obj.get("spec") or {}
     if obj["kind"] != "ResourceSlice" or not pool_wide_counters() or not spec.get("sharedCounters"):
         return [obj]

@@ -78,6 +78,11 @@ _STAGING_SINCE_1_36 = tuple(sorted((*KUBERNETES_STAGING_MODULES, "cri-streaming"
 KUBERNETES_COMMANDS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl")
 
 
+def version_key(text: str) -> tuple[int, ...]:
+    """ "1.35", "v1.37.2" or a Go version "1.26" as a tuple that compares as versions do."""
+    return tuple(int(part) for part in text.strip().removeprefix("v").split("."))
+
+
 @dataclass(frozen=True)
 class KubernetesRelease:
     """A Kubernetes minor the testbed can run: its newest patch on the Go module proxy, the etcd it
@@ -634,7 +639,7 @@ def _build_peers(
     if _all_built(root, peers):
         return
     # Compared as numbers: Go 1.9 is older than 1.24.
-    _require_go(what, max((peer.min_go for peer in peers), key=lambda v: tuple(map(int, v.split(".")))))
+    _require_go(what, max((peer.min_go for peer in peers), key=version_key))
     env = go_environment(root)
     for peer in peers:
         _build_row(root, peer, env, progress, verbose)

@@ -74,6 +74,11 @@ class ReleaseSettings:
     taint_rule_api: str | None = None
     taint_rule_gate: str = ""
 
+    @property
+    def served_taint_rule_api(self) -> str:
+        """The API version DeviceTaintRules are created in on this minor's testbed."""
+        return self.taint_rule_api or "resource.k8s.io/v1"
+
 
 # Gate states per minor are those of pkg/features/kube_features.go of each release.
 RELEASE_SETTINGS: Mapping[str, ReleaseSettings] = {

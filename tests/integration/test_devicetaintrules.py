@@ -18,7 +18,7 @@ import pytest
 from otel_dra.fixtures import create, object_path
 from otel_dra.kube.client import ApiError, KubeClient, load_credentials
 from otel_dra.testbed import Testbed, running
-from otel_dra.testbed.build import kubernetes_release
+from otel_dra.testbed.build import kubernetes_release, version_key
 from otel_dra.testbed.controlplane import release_settings
 from tests.helpers import claim_pod, parse_samples, rbac_kubeconfig, ready_node, scrape, wait_until
 
@@ -27,10 +27,10 @@ CONDITION = "kube_devicetaintrule_status_condition"
 ADDED = "kube_devicetaintrule_taint_added_timestamp_seconds"
 
 RELEASE = kubernetes_release()
-MINOR = tuple(int(p) for p in RELEASE.minor.split("."))
+MINOR = version_key(RELEASE.minor)
 SETTINGS = release_settings(RELEASE)
 # Where the scheduler testbed serves DeviceTaintRules: the version it enables, or v1 (GA, by default).
-SERVED_AT = SETTINGS.taint_rule_api or "resource.k8s.io/v1"
+SERVED_AT = SETTINGS.served_taint_rule_api
 # 1.35 removed deviceSelector.deviceClassName and .selectors, and added the rule's status.
 HAS_CLASS_SELECTOR = MINOR < (1, 35)
 HAS_STATUS = MINOR >= (1, 35)

@@ -25,7 +25,7 @@ import yaml
 
 from otel_dra.fixtures import create, object_path
 from otel_dra.kube.client import ApiError
-from otel_dra.testbed.build import kubernetes_release
+from otel_dra.testbed.build import kubernetes_release, version_key
 from otel_dra.testbed.controlplane import RELEASE_SETTINGS
 from tests.helpers import (
     check_golden,
@@ -110,19 +110,15 @@ _TIMES = {
 }
 
 
-def _minor(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split("."))
-
-
 def _families_up_to(minor: str) -> dict[str, str]:
     """state_families() less those that need a Kubernetes newer than ``minor``."""
     needs = {f.prom_name: f.kubernetes for f in state_family_objects()}
-    return {p: o for p, o in state_families().items() if not needs[p] or _minor(needs[p]) <= _minor(minor)}
+    return {p: o for p, o in state_families().items() if not needs[p] or version_key(needs[p]) <= version_key(minor)}
 
 
 # The golden files are the same on every Kubernetes release: they hold the families that the oldest
 # supported one serves (the others, e.g. DeviceTaintRule conditions, are tested where they exist).
-GOLDEN_FAMILIES = _families_up_to(min(RELEASE_SETTINGS, key=_minor))
+GOLDEN_FAMILIES = _families_up_to(min(RELEASE_SETTINGS, key=version_key))
 
 
 def _pods() -> list[dict[str, Any]]:

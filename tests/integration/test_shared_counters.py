@@ -133,7 +133,7 @@ def test_pool_wide_counters_match_what_the_scheduler_allocates(testbed_sched, st
         create(client, obj)
     device_class = driver_class(DRIVER)
     create(client, device_class)
-    rule_api = release_settings().taint_rule_api or "resource.k8s.io/v1"
+    rule_api = release_settings().served_taint_rule_api
     rule_path = f"/apis/{rule_api}/devicetaintrules/{NS}"
     try:
         app = start_exporter_app(str(testbed_sched.kubeconfig))

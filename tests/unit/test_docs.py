@@ -33,19 +33,15 @@ def _fmt_labels(labels) -> str:
     return ", ".join(labels)
 
 
-def _minor(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split("."))
-
-
 def compatibility_matrix() -> str:
     """The family x Kubernetes minor table of docs/metrics.md, from each family's `kubernetes`."""
-    from otel_dra.testbed.build import KUBERNETES_RELEASES
+    from otel_dra.testbed.build import KUBERNETES_RELEASES, version_key
 
     minors = [release.minor for release in KUBERNETES_RELEASES]
     lines = ["| family | " + " | ".join(minors) + " |", "|---|" + "---|" * len(minors)]
     for fam in sorted(all_families(), key=lambda f: f.prom_name):
-        since = _minor(fam.kubernetes or minors[0])
-        cells = ["yes" if _minor(minor) >= since else "no" for minor in minors]
+        since = version_key(fam.kubernetes or minors[0])
+        cells = ["yes" if version_key(minor) >= since else "no" for minor in minors]
         lines.append(f"| {fam.prom_name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
