@@ -12,6 +12,7 @@ modules by ``otel-dra testbed build --otelcol --jaeger`` (``make peers``).
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import re
@@ -25,7 +26,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import yaml
 
@@ -40,6 +41,31 @@ RUNNING: list[Peer] = []
 
 class PeerError(RuntimeError):
     """A peer did not start, or died."""
+
+
+class PortTaken(PeerError):
+    """A peer could not bind a port picked for it: another process took it after free_port()."""
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _fresh_ports_on_clash(start: Callable[_P, _T]) -> Callable[_P, _T]:
+    """Run a ``start_*`` function again (it picks new free ports) when the peer lost a port race;
+    free_port() can only say a port was free a moment ago."""
+
+    @functools.wraps(start)
+    def again(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        for attempt in range(3):
+            try:
+                return start(*args, **kwargs)
+            except PortTaken:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    return again
 
 
 @dataclass
@@ -113,7 +139,9 @@ def _start(
     while True:
         if not peer.alive():
             peer.stop()
-            raise PeerError(f"{name} exited with {proc.returncode} while starting; log {log}:\n{peer.log_tail()}")
+            tail = peer.log_tail()
+            error = PortTaken if "address already in use" in tail else PeerError
+            raise error(f"{name} exited with {proc.returncode} while starting; log {log}:\n{tail}")
         try:
             if ready(peer):
                 return peer
@@ -198,6 +226,7 @@ def prometheus_binary() -> str:
     return binary
 
 
+@_fresh_ports_on_clash
 def start_prometheus(workdir: Path, jobs: Mapping[str, Mapping[str, Any]] | None = None) -> Prometheus:
     port = free_port()
     _write_prometheus_config(workdir / "prometheus.yml", jobs or {})
@@ -301,6 +330,7 @@ def validate_collector_config(otelcol: Path, config: Path, env: Mapping[str, str
     return result.stdout + result.stderr
 
 
+@_fresh_ports_on_clash
 def start_collector(
     otelcol: Path,
     workdir: Path,
@@ -391,6 +421,7 @@ class Jaeger(Peer):
         return data
 
 
+@_fresh_ports_on_clash
 def start_jaeger(jaeger: Path, workdir: Path) -> Jaeger:
     ports = {name: free_port() for name in ("otlp_grpc", "otlp_http", "query", "query_grpc")}
     workdir.mkdir(parents=True, exist_ok=True)
