@@ -216,6 +216,8 @@ def test_optional_resource_without_discovery_forbidden_then_allowed(caplog):
         thread.start()
         assert done.wait(5)
         reflector.stop()
+        thread.join(5)  # run() was started by hand: stop() has no thread of its own to join
+    assert not thread.is_alive()
     messages = [r.getMessage() for r in caplog.records]
     assert sum(m.startswith("pods: forbidden") for m in messages) == 1
     assert "pods: listed again, watching it" in messages
