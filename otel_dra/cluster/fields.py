@@ -57,3 +57,19 @@ def conditions(raw: Any, what: str, report: Callable[[str], None]) -> tuple[tupl
 def condition_states(status: str) -> tuple[tuple[str, float], ...]:
     """The state set of one condition: (status label, 1.0 for the condition's status else 0.0)."""
     return tuple((state, 1.0 if state == status else 0.0) for state in CONDITION_STATUSES)
+
+
+# The node operations a device can skip (SkipNodeOperation); "*" stands for all of them.
+NODE_OPERATIONS = ("NodePrepareResources", "NodeUnprepareResources")
+
+
+def skipped_operations(raw: Any) -> tuple[str, ...]:
+    """A skipNodeOperations list as operation names: "*" becomes every NODE_OPERATIONS entry, an
+    unknown value is kept as it is (the kubelet ignores it; the API may add values), duplicates once."""
+    out: dict[str, None] = {}
+    for value in raw if isinstance(raw, list) else ():
+        if value == "*":
+            out.update(dict.fromkeys(NODE_OPERATIONS))
+        elif isinstance(value, str) and value:
+            out[value] = None
+    return tuple(out)

@@ -129,6 +129,14 @@ def _allocated_capacity(u: SliceUsage) -> Iterable[Sample]:
             yield (s.name, s.driver, s.pool, d.node_name, d.name, cap), value
 
 
+def _free_capacity(u: SliceUsage) -> Iterable[Sample]:
+    s = u.slice
+    for d, amounts in zip(s.devices, u.allocated_capacity, strict=True):
+        if amounts is not None:
+            for (cap, total), (_, used) in zip(d.capacities, amounts, strict=True):
+                yield (s.name, s.driver, s.pool, d.node_name, d.name, cap), total - used
+
+
 def _counters_free(u: SliceUsage) -> Iterable[Sample]:
     s = u.slice
     for set_name, counters in u.counters_free:
@@ -153,6 +161,16 @@ SLICE_FAMILIES: tuple[Family[SliceUsage], ...] = (
         "Capacity of a multi-allocatable device consumed by the claims allocated to it (adminAccess excluded).",
         (*DEVICE_LABELS, "capacity"),
         _allocated_capacity,
+        stability="experimental",
+        reads=(SLICES, CLAIMS),
+        fields=EVALUATED,
+    ),
+    family(
+        "kube_resourceslice_device_free_capacity",
+        "",
+        "Capacity of a multi-allocatable device left for further allocations (shares).",
+        (*DEVICE_LABELS, "capacity"),
+        _free_capacity,
         stability="experimental",
         reads=(SLICES, CLAIMS),
         fields=EVALUATED,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_dra.cluster.families import Family, Sample, family
-from otel_dra.cluster.fields import condition_states, conditions, optional_time, parse_time
+from otel_dra.cluster.fields import condition_states, conditions, optional_time, parse_time, skipped_operations
 from otel_dra.kube.quantity import parse_quantity
 from otel_dra.kube.reflector import ResourceType
 
@@ -24,6 +24,28 @@ class Result:
     device: str
     admin: bool = False  # adminAccess: not consumption
     consumed: tuple[tuple[str, float], ...] = ()  # consumedCapacity
+    share_id: str = ""  # shareID: one allocation of a device that allows several
+    # skipNodeOperations (Kubernetes 1.37, DRAOptionalNodeOperations), "*" spelled out as
+    # NODE_OPERATIONS: the kubelet calls the driver for an operation only if some device needs it.
+    skips: tuple[str, ...] = ()
+
+
+BINDING_STATES = ("waiting", "satisfied", "failed")
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """The binding state of an allocated device that has binding conditions (the scheduler waits
+    in PreBind until they are all true, and gives the device up when a failure condition is)."""
+
+    driver: str
+    pool: str
+    device: str
+    share_id: str
+    state: str  # one of BINDING_STATES
+    # When the device entered that state (Unix seconds): the allocation time while waiting, else
+    # the lastTransitionTime of the condition that decided it; None when unknown.
+    since: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +69,7 @@ class Claim:
     # status.devices[].conditions[]: (driver, pool, device, share_id, type, status "true|false|unknown").
     conditions: tuple[tuple[str, str, str, str, str, str], ...] = ()
     source: str = ""  # one of SOURCES, from the annotations Kubernetes sets on claims it makes
+    binding: tuple[Binding, ...] = ()  # results with bindingConditions, in result order
 
     @property
     def key(self) -> str:
@@ -129,6 +152,11 @@ def _consumed(raw: Any, report: Callable[[str], None]) -> tuple[tuple[str, float
 
 
 Condition = tuple[str, str, str, str, str, str]  # driver, pool, device, share_id, type, status
+DeviceStatusKey = tuple[str, str, str, str]  # driver, pool, device, share_id: how status.devices is keyed
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    return tuple(v for v in value if isinstance(v, str)) if isinstance(value, list) else ()
 
 
 def _conditions(status: dict[str, Any], report: Callable[[str], None]) -> tuple[Condition, ...]:
@@ -141,6 +169,70 @@ def _conditions(status: dict[str, Any], report: Callable[[str], None]) -> tuple[
         for condition, state in conditions(entry.get("conditions"), f"status.devices[{i}].conditions", report):
             out[(driver, pool, device, share_id, condition)] = state
     return tuple((*key, state) for key, state in out.items())
+
+
+def _device_status(status: dict[str, Any]) -> dict[DeviceStatusKey, dict[str, tuple[bool, float | None]]]:
+    """status.devices as (driver, pool, device, share_id) -> condition type -> (status is True,
+    lastTransitionTime); malformed entries and times count as absent (the condition families
+    report them)."""
+    out: dict[DeviceStatusKey, dict[str, tuple[bool, float | None]]] = {}
+    devices = status.get("devices")
+    for entry in devices if isinstance(devices, list) else ():
+        if not isinstance(entry, dict):
+            continue
+        key = (
+            _str(entry.get("driver")) or "",
+            _str(entry.get("pool")) or "",
+            _str(entry.get("device")) or "",
+            _str(entry.get("shareID")) or "",
+        )
+        found = out.setdefault(key, {})
+        raw = entry.get("conditions")
+        for condition in raw if isinstance(raw, list) else ():
+            if isinstance(condition, dict) and isinstance(condition.get("type"), str):
+                try:
+                    since: float | None = parse_time(condition.get("lastTransitionTime"))
+                except ValueError:
+                    since = None
+                found[condition["type"]] = (condition.get("status") == "True", since)
+    return out
+
+
+def _binding(
+    results: list[Any],
+    status: dict[str, Any],
+    allocated_at: float | None,
+) -> tuple[Binding, ...]:
+    """The binding state of each allocation result that names bindingConditions, decided as
+    kube-scheduler decides it (isClaimReadyForBinding): failed when a bindingFailureConditions
+    entry is True in the device's status.devices entry, satisfied when every bindingConditions
+    entry is True, else waiting."""
+    found: dict[DeviceStatusKey, dict[str, tuple[bool, float | None]]] | None = None
+    out: list[Binding] = []
+    for result in results:
+        if not isinstance(result, dict):
+            continue
+        wanted = _strings(result.get("bindingConditions"))
+        if not wanted:
+            continue
+        if found is None:
+            found = _device_status(status)
+        driver, pool, device = (_str(result.get(k)) or "" for k in ("driver", "pool", "device"))
+        share_id = _str(result.get("shareID")) or ""
+        conditions = found.get((driver, pool, device, share_id), {})
+        failures = [
+            conditions[c][1] for c in _strings(result.get("bindingFailureConditions")) if conditions.get(c, (False,))[0]
+        ]
+        if failures:
+            known = [t for t in failures if t is not None]
+            state, since = "failed", (min(known) if known else None)
+        elif all(conditions.get(c, (False,))[0] for c in wanted):
+            times = [conditions[c][1] for c in wanted]
+            state, since = "satisfied", (None if None in times else max(t for t in times if t is not None))
+        else:
+            state, since = "waiting", allocated_at
+        out.append(Binding(driver, pool, device, share_id, state, since))
+    return tuple(out)
 
 
 # The fields of Claim that only some families read (Family.fields); a parser made for a set of
@@ -156,6 +248,7 @@ FIELDS = frozenset(
         "status_time",
         "conditions",
         "source",
+        "binding",
     }
 )
 
@@ -181,11 +274,12 @@ def _parse(obj: dict[str, Any], report: Callable[[str], None], keep: frozenset[s
     has_allocation = isinstance(allocation, dict)
     allocation = allocation if isinstance(allocation, dict) else {}
     parsed: list[Result] = []
+    devices = allocation.get("devices")
+    results = (devices.get("results") if isinstance(devices, dict) else None) or []
+    if not isinstance(results, list):
+        report("status.allocation.devices.results is not a list")
+        results = []
     if "allocated" in keep or "results" in keep:
-        results = (allocation.get("devices") or {}).get("results") or []
-        if not isinstance(results, list):
-            report("status.allocation.devices.results is not a list")
-            results = []
         for i, result in enumerate(results):
             if not isinstance(result, dict):
                 result = {}
@@ -204,6 +298,8 @@ def _parse(obj: dict[str, Any], report: Callable[[str], None], keep: frozenset[s
                         device=device,
                         admin=result.get("adminAccess") is True,
                         consumed=_consumed(result.get("consumedCapacity"), report),
+                        share_id=_str(result.get("shareID")) or "",
+                        skips=skipped_operations(result.get("skipNodeOperations")),
                     )
                 )
     pods: list[tuple[str, str]] = []
@@ -217,6 +313,9 @@ def _parse(obj: dict[str, Any], report: Callable[[str], None], keep: frozenset[s
         if (consumer.get("apiGroup") or "") == "" and consumer.get("resource") == "pods":
             pods.append((str(consumer.get("name", "")), str(consumer.get("uid", ""))))
     unreserved = has_allocation and not reserved
+    allocated_at: float | None = None
+    if "allocation_time" in keep or "binding" in keep:
+        allocated_at = optional_time(allocation.get("allocationTimestamp"), "allocationTimestamp", report)
     return Claim(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
@@ -226,15 +325,14 @@ def _parse(obj: dict[str, Any], report: Callable[[str], None], keep: frozenset[s
         if "created" in keep
         else None,
         has_allocation=has_allocation,
-        allocation_time=optional_time(allocation.get("allocationTimestamp"), "allocationTimestamp", report)
-        if "allocation_time" in keep
-        else None,
+        allocation_time=allocated_at if "allocation_time" in keep else None,
         reserved=len(reserved),
         results=tuple(parsed),
         request_classes=_request_classes(obj.get("spec")) if "request_classes" in keep else (),
         status_time=_status_time(meta) if unreserved and "status_time" in keep else None,
         conditions=_conditions(status, report) if "conditions" in keep else (),
         source=_source(meta) if "source" in keep else "",
+        binding=_binding(results, status, allocated_at) if "binding" in keep else (),
     )
 
 
@@ -309,6 +407,9 @@ def _admin_access(c: Claim) -> Iterable[Sample]:
         yield (c.name, c.namespace, pool, device, driver), float(count)
 
 
+DEVICE_SHARE_LABELS = ("resourceclaim_name", "namespace", "driver", "pool", "device_name", "share_id")
+
+
 def _device_conditions(c: Claim) -> Iterable[Sample]:
     for driver, pool, device, share_id, condition, status in c.conditions:
         for state, value in condition_states(status):
@@ -317,6 +418,40 @@ def _device_conditions(c: Claim) -> Iterable[Sample]:
 
 def _claim_source(c: Claim) -> Iterable[Sample]:
     yield (c.name, c.namespace, c.source), 1.0
+
+
+def _binding_state(c: Claim) -> Iterable[Sample]:
+    for b in c.binding:
+        for state in BINDING_STATES:
+            yield (c.name, c.namespace, b.driver, b.pool, b.device, b.share_id, state), 1.0 if state == b.state else 0.0
+
+
+def _binding_since(c: Claim) -> Iterable[Sample]:
+    for b in c.binding:
+        if b.since is not None:
+            yield (c.name, c.namespace, b.driver, b.pool, b.device, b.share_id), b.since
+
+
+def _consumed_capacity(c: Claim) -> Iterable[Sample]:
+    # A device appears once per share; results without a shareID that name the same device (not
+    # expected: consumedCapacity is only set for multi-allocatable devices) are summed into one series.
+    sums: dict[tuple[str, ...], float] = {}
+    for r in c.results:
+        if r.admin:
+            continue
+        for cap, value in r.consumed:
+            key = (c.name, c.namespace, r.driver, r.pool, r.device, r.share_id, cap)
+            sums[key] = sums.get(key, 0.0) + value
+    yield from sums.items()
+
+
+def _skipped(c: Claim) -> Iterable[Sample]:
+    seen: dict[tuple[str, ...], None] = {}
+    for r in c.results:
+        for operation in r.skips:
+            seen[(c.name, c.namespace, r.driver, r.pool, r.device, operation)] = None
+    for labels in seen:
+        yield labels, 1.0
 
 
 STATE_FAMILIES: tuple[Family[Claim], ...] = (
@@ -374,5 +509,42 @@ STATE_FAMILIES: tuple[Family[Claim], ...] = (
         _device_conditions,
         stability="experimental",
         fields=("conditions",),
+    ),
+    family(
+        "kube_resourceclaim_device_binding_state",
+        "",
+        "Binding state of each allocated device with binding conditions: waiting, satisfied or failed.",
+        (*DEVICE_SHARE_LABELS, "state"),
+        _binding_state,
+        stability="experimental",
+        fields=("binding",),
+    ),
+    family(
+        "kube_resourceclaim_device_binding_state_timestamp",
+        "s",
+        "Unix time an allocated device with binding conditions entered its binding state.",
+        DEVICE_SHARE_LABELS,
+        _binding_since,
+        stability="experimental",
+        fields=("binding",),
+    ),
+    family(
+        "kube_resourceclaim_device_consumed_capacity",
+        "",
+        "Capacity of a multi-allocatable device that one allocation (share) of the claim consumes.",
+        (*DEVICE_SHARE_LABELS, "capacity"),
+        _consumed_capacity,
+        stability="experimental",
+        fields=("results",),
+    ),
+    family(
+        "kube_resourceclaim_device_skip_node_operation",
+        "",
+        "Node operations (kubelet gRPC calls to the driver) an allocated device skips.",
+        ("resourceclaim_name", "namespace", "driver", "pool", "device_name", "operation"),
+        _skipped,
+        stability="experimental",
+        kubernetes="1.37",
+        fields=("results",),
     ),
 )

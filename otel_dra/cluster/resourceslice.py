@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_dra.cluster.families import Family, Sample, family
-from otel_dra.cluster.fields import optional_time
+from otel_dra.cluster.fields import optional_time, skipped_operations
 from otel_dra.kube.quantity import parse_quantity
 from otel_dra.kube.reflector import ResourceType
 
@@ -84,6 +84,23 @@ def _attribute(attributes: dict[str, Any], name: str, driver: str) -> Any:
 DEFAULT_ATTRIBUTES = DeviceAttributes.parse(DEFAULT_DEVICE_ATTRIBUTES)
 
 
+# A list-typed attribute (bools, ints, strings, versions; Kubernetes 1.36+, DRAListTypeAttributes)
+# becomes one label value: its items in published order (the lists are atomic: the order is the
+# driver's), joined by ",", at most LIST_ATTRIBUTE_ITEMS of them. The API allows 48 values of up to
+# 64 characters per device; a label stays bounded as a scalar one (64) is, to 8 items.
+LIST_ATTRIBUTE_ITEMS = 8
+# The list kinds and the type of their items (an item of another type is left out).
+_LIST_KINDS: tuple[tuple[str, type], ...] = (("strings", str), ("versions", str), ("bools", bool), ("ints", int))
+
+
+def _item_text(value: Any, kind: type) -> str | None:
+    if kind is bool:
+        return ("true" if value else "false") if isinstance(value, bool) else None
+    if isinstance(value, kind) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
 def _attribute_text(value: Any) -> str:
     if not isinstance(value, dict):
         return ""
@@ -92,8 +109,15 @@ def _attribute_text(value: Any) -> str:
             return str(value[kind])
     if isinstance(value.get("bool"), bool):
         return "true" if value["bool"] else "false"
-    if isinstance(value.get("int"), int):
+    if isinstance(value.get("int"), int) and not isinstance(value["int"], bool):
         return str(value["int"])
+    for kind, item_type in _LIST_KINDS:
+        items = value.get(kind)
+        if isinstance(items, list) and items:
+            texts = [t for t in (_item_text(item, item_type) for item in items) if t is not None]
+            shown = ",".join(texts[:LIST_ATTRIBUTE_ITEMS])
+            more = len(texts) - LIST_ATTRIBUTE_ITEMS
+            return f"{shown},+{more} more" if more > 0 else shown
     return ""
 
 
@@ -138,6 +162,8 @@ class Slice:
     slice_count: int = 0  # spec.pool.resourceSliceCount
     node_name: str = ""  # spec.nodeName
     counter_sets: tuple[tuple[str, Amounts], ...] = ()  # sharedCounters
+    # spec.skipNodeOperations (Kubernetes 1.37, DRAOptionalNodeOperations), "*" spelled out.
+    skips: tuple[str, ...] = ()
 
     @property
     def local_counters(self) -> bool:
@@ -184,7 +210,7 @@ def _amounts(raw: Any, what: str, report: Callable[[str], None]) -> Amounts:
 # set of them leaves the others at their defaults (memory: a family that is off keeps nothing).
 FIELDS = frozenset(
     {"capacity", "type", "product_name", "parent_uuid", "info", "capacities", "defaults", "taints", "counters"}
-    | {"taints_added", "partition_type", "counter_sets"}
+    | {"taints_added", "partition_type", "counter_sets", "skips"}
 )
 
 
@@ -238,6 +264,7 @@ def make_parser(
             slice_count=_int(pool.get("resourceSliceCount")),
             node_name=slice_node,
             counter_sets=tuple(counter_sets),
+            skips=skipped_operations(spec.get("skipNodeOperations")) if "skips" in wanted else (),
         )
 
     return parse
@@ -415,6 +442,11 @@ def _counter_capacity(s: Slice) -> Iterable[Sample]:
             yield (s.name, s.driver, s.pool, s.node_name, set_name, counter), value
 
 
+def _skipped(s: Slice) -> Iterable[Sample]:
+    for operation in s.skips:
+        yield (s.name, s.driver, s.pool, s.node_name, operation), 1.0
+
+
 def _generation(s: Slice) -> Iterable[Sample]:
     yield (s.name, s.driver, s.pool), float(s.generation)
 
@@ -468,6 +500,16 @@ def state_families(attributes: DeviceAttributes = DEFAULT_ATTRIBUTES) -> tuple[F
             _counter_capacity,
             stability="experimental",
             fields=("counter_sets",),
+        ),
+        family(
+            "kube_resourceslice_skip_node_operation",
+            "",
+            "Node operations (kubelet gRPC calls to the driver) that the slice's devices skip.",
+            ("resourceslice_name", "driver", "pool", "node_name", "operation"),
+            _skipped,
+            stability="experimental",
+            kubernetes="1.37",
+            fields=("skips",),
         ),
         family(
             "kube_resourceslice_pool_generation",

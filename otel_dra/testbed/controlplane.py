@@ -88,9 +88,14 @@ RELEASE_SETTINGS: Mapping[str, ReleaseSettings] = {
         {**DEFAULT_FEATURE_GATES, "DRADeviceTaintRules": True}, DEVICE_TAINT_RULE_API, "DRADeviceTaintRules"
     ),
     # 1.36: the other DRA gates are beta and on; DeviceTaintRules are beta, off, served by v1beta2.
-    "1.36": ReleaseSettings({"DRADeviceTaintRules": True}, "resource.k8s.io/v1beta2", "DRADeviceTaintRules"),
-    # 1.37: device taints and DeviceTaintRules are GA (v1), the rest beta and on.
-    "1.37": ReleaseSettings({}),
+    # DRAListTypeAttributes (alpha): list-typed device attributes (bools, ints, strings, versions).
+    "1.36": ReleaseSettings(
+        {"DRADeviceTaintRules": True, "DRAListTypeAttributes": True}, "resource.k8s.io/v1beta2", "DRADeviceTaintRules"
+    ),
+    # 1.37: device taints and DeviceTaintRules are GA (v1), the rest beta and on. Alpha:
+    # DRAListTypeAttributes, and DRAOptionalNodeOperations (skipNodeOperations on slices and
+    # allocation results).
+    "1.37": ReleaseSettings({"DRAListTypeAttributes": True, "DRAOptionalNodeOperations": True}),
 }
 
 

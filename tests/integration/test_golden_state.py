@@ -15,6 +15,7 @@ files), then read the diff: every value in these files was checked by hand again
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ from tests.helpers import (
     check_golden,
     claim_pod,
     parse_samples,
+    pod_scheduled,
     pool_wide_counters,
     ready_node,
     scrape,
@@ -57,7 +59,9 @@ OBJECTS = [
     if doc
     for shaped in shaped_for_testbed(doc)
 ]
-NODES = ("gold-part", "gold-gen", "gold-cost", "gold-admin", "gold-taint")
+NODES = ("gold-part", "gold-gen", "gold-cost", "gold-admin", "gold-taint", "gold-bind", "gold-ext")
+# Pods of the objects file (not made for a claim): ext-pod's extended-resource request.
+OBJECT_PODS = [o for o in OBJECTS if o["kind"] == "Pod"]
 LEAK_GRACE = 2.0
 
 
@@ -98,11 +102,14 @@ CASES = {
     "admin_access": _case("gold-admin", "admin.example.com"),
     "leaked": _case("gold-leak", "leak.example.com"),
     "taint": _case("gold-taint", "taint.example.com", rules=("gold-taint-drain",)),
+    "bind": _case("gold-bind", "bind.example.com"),
+    "ext": _case("gold-ext", "ext.example.com"),
 }
 
 # Series whose value is the wall-clock time of the run are checked against the run's time window
 # and shown as a placeholder.
 _TIMES = {
+    "kube_resourceclaim_device_binding_state_timestamp_seconds",
     "kube_resourceclaim_created_timestamp_seconds",
     "kube_resourceclaim_allocation_timestamp_seconds",
     "kube_resourceslice_device_taint_added_timestamp_seconds",
@@ -128,6 +135,39 @@ def _pods() -> list[dict[str, Any]]:
         for o in OBJECTS
         if o["kind"] == "ResourceClaim" and "status" not in o
     ]
+
+
+# Names Kubernetes makes up: the scheduler's claims for extended resources (generateName) and the
+# share IDs of consumable-capacity allocations (UUIDs).
+_GENERATED = (
+    (re.compile(r"-extended-resources-[a-z0-9]{5}\b"), "-extended-resources-<random>"),
+    (re.compile(r'share_id="[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"'), 'share_id="<uuid>"'),
+)
+
+
+def _extended_claim(client: Any) -> dict[str, Any] | None:
+    """The claim kube-scheduler made for ext-pod, once it is allocated and reserved."""
+    claims = client.get_json("/apis/resource.k8s.io/v1/namespaces/gold-ext/resourceclaims")["items"]
+    for claim in claims:
+        status = claim.get("status") or {}
+        if claim["metadata"]["name"].startswith("ext-pod-extended-resources-") and status.get("reservedFor"):
+            return dict(claim)
+    return None
+
+
+def _set_device_conditions(client: Any, claim: dict[str, Any], conditions: list[dict[str, str]]) -> None:
+    """Write status.devices for the claim's (single) device, as its driver would."""
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    claim["status"]["devices"] = [
+        {
+            "driver": result["driver"],
+            "pool": result["pool"],
+            "device": result["device"],
+            "conditions": [{"message": "", **c, "lastTransitionTime": now} for c in conditions],
+        }
+    ]
+    client.send_json("PUT", object_path({**claim, "kind": "ResourceClaim"}) + "/status", claim)
 
 
 def _create(client: Any, obj: dict[str, Any]) -> None:
@@ -156,7 +196,7 @@ def golden_scrape(testbed_sched, start_exporter_app_module):
         _create(client, obj)
     for pod in _pods():
         _create(client, pod)
-    claims = {}
+    claims: dict[str, dict[str, Any]] = {}
     for pod in _pods():
         ns, name = pod["metadata"]["namespace"], pod["spec"]["resourceClaims"][0]["resourceClaimName"]
         claims[name] = wait_until(
@@ -164,30 +204,25 @@ def golden_scrape(testbed_sched, start_exporter_app_module):
             timeout=60,
             what=f"the scheduler to allocate {ns}/{name}",
         )
+    wait_until(lambda: _extended_claim(client), timeout=60, what="the scheduler to make and allocate ext-pod's claim")
     # The class of an allocated claim goes away: its devices cannot be priced any more.
     client.request("DELETE", "/apis/resource.k8s.io/v1/deviceclasses/cost-gone.example.com")
     # The driver reports the health of the device it prepared.
-    health = claims["health"]
-    (result,) = health["status"]["allocation"]["devices"]["results"]
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    health["status"]["devices"] = [
-        {
-            "driver": result["driver"],
-            "pool": result["pool"],
-            "device": result["device"],
-            "conditions": [
-                {"type": "Ready", "status": "True", "reason": "Prepared", "message": "", "lastTransitionTime": now},
-                {
-                    "type": "Healthy",
-                    "status": "False",
-                    "reason": "XidError",
-                    "message": "Xid 79",
-                    "lastTransitionTime": now,
-                },
-            ],
-        }
-    ]
-    client.send_json("PUT", object_path({**health, "kind": "ResourceClaim"}) + "/status", health)
+    _set_device_conditions(
+        client,
+        claims["health"],
+        [
+            {"type": "Ready", "status": "True", "reason": "Prepared"},
+            {"type": "Healthy", "status": "False", "reason": "XidError", "message": "Xid 79"},
+        ],
+    )
+    # bind-done's device is attached: the scheduler, polling in PreBind, then binds its pod.
+    _set_device_conditions(client, claims["bind-done"], [{"type": "Attached", "status": "True", "reason": "Attached"}])
+    wait_until(
+        lambda: pod_scheduled(client, "gold-bind", "bind-done-pod"), timeout=60, what="bind-done-pod to be bound"
+    )
+    # bind-wait's pod stays in PreBind, waiting for its device (the binding timeout is 10 minutes).
+    assert pod_scheduled(client, "gold-bind", "bind-wait-pod") is None
 
     app = start_exporter_app_module(str(testbed_sched.kubeconfig), leak_grace=LEAK_GRACE)
     wait_until(lambda: app.state.not_synced() is None, what="caches to sync")
@@ -198,16 +233,22 @@ def golden_scrape(testbed_sched, start_exporter_app_module):
         assert code == 200
         ours = "\n".join(line for line in text.splitlines() if line.split("{")[0] in families)
         done = 'kube_resourceclaim_leaked{namespace="gold-leak",resourceclaim_name="stuck"}' in ours
-        return text if done and 'reason="class_not_found"' in ours and 'condition="Healthy"' in ours else None
+        seen = (
+            'reason="class_not_found"',
+            'condition="Healthy"',
+            'state="satisfied"} 1.0',
+            'source="extended_resource"',
+        )
+        return text if done and all(needle in ours for needle in seen) else None
 
     text = wait_until(settled, timeout=30, what="the exporter to show the final state")
     yield text, started, time.time()
-    for pod in _pods():
+    for pod in [*_pods(), *OBJECT_PODS]:
         with contextlib.suppress(ApiError):
             path = f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods/{pod['metadata']['name']}"
             client.request("DELETE", path, query={"gracePeriodSeconds": 0})
     for obj in reversed(OBJECTS):
-        if obj["kind"] != "ResourceClaim":
+        if obj["kind"] not in ("ResourceClaim", "Pod"):
             with contextlib.suppress(ApiError):
                 client.request("DELETE", object_path(obj))
 
@@ -232,6 +273,8 @@ def _exposition(text: str, case: Case, window: tuple[float, float]) -> str:
             continue
         if name in _TIMES and window[0] - 5 <= value <= window[1] + 5:
             line = line.rsplit(" ", 1)[0] + " <time of this run>"
+        for pattern, placeholder in _GENERATED:
+            line = pattern.sub(placeholder, line)
         out.append(line)
     # Keep a family's TYPE line only when the case has samples of it.
     kept = [

@@ -304,3 +304,212 @@ def test_claim_source_from_the_annotations_kubernetes_sets():
     # Only "true" is valid for the scheduler's annotation; anything else is not its claim.
     assert source({"resource.kubernetes.io/extended-resource-claim": "yes"}) == ("c", "ns", "direct")
     assert source("not-a-map") == ("c", "ns", "direct")
+
+
+def _family(module_families, prom_name):
+    [fam] = [f for f in module_families if f.prom_name == prom_name]
+    return fam
+
+
+def _claim(results, devices=None, allocated_at="2026-11-30T01:00:00Z"):
+    allocation = {"devices": {"results": results}}
+    if allocated_at is not None:
+        allocation["allocationTimestamp"] = allocated_at
+    status = {"allocation": allocation, **({"devices": devices} if devices is not None else {})}
+    problems: list[str] = []
+    claim = resourceclaim.parse({"metadata": {"name": "c", "namespace": "ns"}, "status": status}, problems.append)
+    return claim, problems
+
+
+def _binding(claim):
+    state = _family(resourceclaim.STATE_FAMILIES, "kube_resourceclaim_device_binding_state")
+    since = _family(resourceclaim.STATE_FAMILIES, "kube_resourceclaim_device_binding_state_timestamp_seconds")
+    states = {labels[2:6]: labels[6] for labels, value in state.samples(claim) if value == 1.0}
+    return states, {labels[2:6]: value for labels, value in since.samples(claim)}
+
+
+def test_binding_state_is_decided_as_the_scheduler_decides_it():
+    binding = {"bindingConditions": ["Attached", "Ready"], "bindingFailureConditions": ["Failed"]}
+
+    def result(device, share=None, **extra):
+        return {
+            "request": "r",
+            "driver": "d",
+            "pool": "p",
+            "device": device,
+            **binding,
+            **extra,
+            **({"shareID": share} if share else {}),
+        }
+
+    def entry(device, conditions, share=None):
+        return {
+            "driver": "d",
+            "pool": "p",
+            "device": device,
+            **({"shareID": share} if share else {}),
+            "conditions": [
+                {"type": t, "status": s, "reason": "R", "message": "", "lastTransitionTime": f"2026-11-30T01:0{m}:00Z"}
+                for t, s, m in conditions
+            ],
+        }
+
+    claim, problems = _claim(
+        [
+            result("none"),  # no status.devices entry yet
+            result("half"),  # one of two conditions true
+            result("done"),
+            result("bad"),  # a failure condition wins over true binding conditions
+            result("shared", share="s-1"),  # matched by shareID too: s-2's entry is not its own
+            {"request": "r", "driver": "d", "pool": "p", "device": "plain"},  # no binding conditions: no series
+        ],
+        devices=[
+            entry("half", [("Attached", "True", 1), ("Ready", "False", 2)]),
+            entry("done", [("Attached", "True", 1), ("Ready", "True", 3)]),
+            entry("bad", [("Attached", "True", 1), ("Ready", "True", 2), ("Failed", "True", 4)]),
+            entry("shared", [("Attached", "True", 1), ("Ready", "True", 2)], share="s-2"),
+        ],
+    )
+    assert problems == []
+    states, since = _binding(claim)
+    t = resourceclaim.parse_time
+    assert states == {
+        ("d", "p", "none", ""): "waiting",
+        ("d", "p", "half", ""): "waiting",
+        ("d", "p", "done", ""): "satisfied",
+        ("d", "p", "bad", ""): "failed",
+        ("d", "p", "shared", "s-1"): "waiting",
+    }
+    # waiting: since the allocation; satisfied: since the last condition became true; failed: since the failure.
+    assert since == {
+        ("d", "p", "none", ""): t("2026-11-30T01:00:00Z"),
+        ("d", "p", "half", ""): t("2026-11-30T01:00:00Z"),
+        ("d", "p", "done", ""): t("2026-11-30T01:03:00Z"),
+        ("d", "p", "bad", ""): t("2026-11-30T01:04:00Z"),
+        ("d", "p", "shared", "s-1"): t("2026-11-30T01:00:00Z"),
+    }
+    # The state set has all three states per device, one of them 1.
+    state = _family(resourceclaim.STATE_FAMILIES, "kube_resourceclaim_device_binding_state")
+    assert len(list(state.samples(claim))) == 5 * 3
+    # Without an allocation time (or with a bad one) the state is there, its time is not.
+    claim, problems = _claim([result("none")], allocated_at="yesterday")
+    assert _binding(claim) == ({("d", "p", "none", ""): "waiting"}, {})
+    assert problems == ["allocationTimestamp: not a timestamp: 'yesterday'; series omitted"]
+    # Malformed binding lists and status entries are not an error: no conditions, so waiting.
+    claim, _ = _claim(
+        [
+            {
+                "request": "r",
+                "driver": "d",
+                "pool": "p",
+                "device": "x",
+                "bindingConditions": ["A", 3],
+                "bindingFailureConditions": "F",
+            }
+        ],
+        devices=[{"driver": "d", "pool": "p", "device": "x", "conditions": [{"type": "A"}, "junk"]}, "junk"],
+    )
+    assert _binding(claim)[0] == {("d", "p", "x", ""): "waiting"}
+
+
+def test_consumed_capacity_per_share_and_skipped_node_operations():
+    claim, problems = _claim(
+        [
+            {
+                "request": "a",
+                "driver": "d",
+                "pool": "p",
+                "device": "nic",
+                "shareID": "s-1",
+                "consumedCapacity": {"bw": "4G"},
+            },
+            {
+                "request": "b",
+                "driver": "d",
+                "pool": "p",
+                "device": "nic",
+                "shareID": "s-2",
+                "consumedCapacity": {"bw": "2G", "q": "x"},
+            },
+            {
+                "request": "m",
+                "driver": "d",
+                "pool": "p",
+                "device": "nic",
+                "adminAccess": True,
+                "consumedCapacity": {"bw": "1G"},
+            },
+            {
+                "request": "c",
+                "driver": "d",
+                "pool": "p",
+                "device": "gpu",
+                "skipNodeOperations": ["*", "NodePrepareResources"],
+            },
+            {
+                "request": "e",
+                "driver": "d",
+                "pool": "p",
+                "device": "fpga",
+                "skipNodeOperations": ["NodeUnprepareResources", "Future", 7],
+            },
+        ]
+    )
+    assert problems == ["consumedCapacity q: not a quantity: 'x'; ignored"]
+    consumed = _family(resourceclaim.STATE_FAMILIES, "kube_resourceclaim_device_consumed_capacity")
+    assert list(consumed.samples(claim)) == [
+        (("c", "ns", "d", "p", "nic", "s-1", "bw"), 4e9),
+        (("c", "ns", "d", "p", "nic", "s-2", "bw"), 2e9),
+    ]
+    skipped = _family(resourceclaim.STATE_FAMILIES, "kube_resourceclaim_device_skip_node_operation")
+    assert [labels[4:] for labels, value in skipped.samples(claim) if value == 1.0] == [
+        ("gpu", "NodePrepareResources"),
+        ("gpu", "NodeUnprepareResources"),
+        ("fpga", "NodeUnprepareResources"),
+        ("fpga", "Future"),
+    ]
+    spec = {
+        "driver": "d",
+        "pool": {"name": "p"},
+        "nodeName": "n",
+        "skipNodeOperations": ["*"],
+        "devices": [{"name": "x"}],
+    }
+    sl = resourceslice.parse({"metadata": {"name": "s"}, "spec": spec}, lambda problem: None)
+    slice_skips = _family(resourceslice.STATE_FAMILIES, "kube_resourceslice_skip_node_operation")
+    assert list(slice_skips.samples(sl)) == [
+        (("s", "d", "p", "n", "NodePrepareResources"), 1.0),
+        (("s", "d", "p", "n", "NodeUnprepareResources"), 1.0),
+    ]
+    # A slice that skips nothing (every minor before 1.37) has no series.
+    del spec["skipNodeOperations"]
+    assert list(slice_skips.samples(resourceslice.parse({"metadata": {"name": "s"}, "spec": spec}, print))) == []
+
+
+def test_list_typed_attributes_render_bounded_and_in_published_order():
+    attributes = resourceslice.DeviceAttributes.parse("numa,pcieRoots,flags,versions,many,empty,mixed")
+    many = [f"v{i}" for i in range(11)]
+    device = {
+        "name": "x",
+        "attributes": {
+            "numa": {"ints": [1, 0]},
+            "pcieRoots": {"strings": ["pci0000:00", "pci0000:80"]},
+            "flags": {"bools": [True, False]},
+            "versions": {"versions": ["1.2.3", "2.0.0"]},
+            "many": {"strings": many},
+            "empty": {"strings": []},
+            "mixed": {"ints": [1, "two", None, 3]},
+        },
+    }
+    spec = {"driver": "d", "pool": {"name": "p"}, "nodeName": "n", "devices": [device]}
+    parse = resourceslice.make_parser(attributes)
+    sl = parse({"metadata": {"name": "s"}, "spec": spec}, lambda problem: None)
+    assert sl.devices[0].info == (
+        "1,0",
+        "pci0000:00,pci0000:80",
+        "true,false",
+        "1.2.3,2.0.0",
+        "v0,v1,v2,v3,v4,v5,v6,v7,+3 more",
+        "",
+        "1,3",  # items of another type are left out
+    )

@@ -179,7 +179,7 @@ def test_seed_only_builds_the_three_seed_stores_and_nothing_else():
         # No join: every store renders its own families, nothing listens.
         (
             deny(
-                "kube_resource(slice_device_allocated.*|slice_counter_set_free|pool_.+|claim_hourly_cost|claim_.*priced.*|claim_leaked)"
+                "kube_resource(slice_device_allocated.*|slice_device_free_capacity|slice_counter_set_free|pool_.+|claim_hourly_cost|claim_.*priced.*|claim_leaked)"
             ),
             {
                 "resourceclaims": ([f.prom_name for f in resourceclaim.FAMILIES + resourceclaim.STATE_FAMILIES], False),

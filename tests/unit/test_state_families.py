@@ -24,6 +24,10 @@ from tests.unit.test_otlp_encode import RESOURCE, _points, _sdk_request
 
 OBJECTS = Path(__file__).parents[1] / "golden" / "state_objects.yaml"
 
+# Copied by the scheduler from the slice's devices (tests/golden/state_objects.yaml, case bind).
+BINDING = {"bindingConditions": ["Attached"], "bindingFailureConditions": ["AttachFailed"]}
+EXTENDED_CLAIM = "ext-pod-extended-resources-x7k2p"
+
 # What the scheduler allocated in the golden test (tests/integration/test_golden_state.py).
 ALLOCATIONS: dict[str, list[dict[str, Any]]] = {
     "part-4g": [{"request": "gpu", "driver": "part.example.com", "pool": "gold-part", "device": "mig-4g-0"}],
@@ -35,6 +39,29 @@ ALLOCATIONS: dict[str, list[dict[str, Any]]] = {
             "device": "nic-0",
             "shareID": "0b9e2f0c-0000-4000-8000-000000000001",
             "consumedCapacity": {"bandwidth": "4G"},
+        }
+    ],
+    "share-2g": [
+        {
+            "request": "nic",
+            "driver": "share.example.com",
+            "pool": "gold-part",
+            "device": "nic-0",
+            "shareID": "0b9e2f0c-0000-4000-8000-000000000002",
+            "consumedCapacity": {"bandwidth": "2G"},
+        }
+    ],
+    "bind-wait": [{"request": "dev", "driver": "bind.example.com", "pool": "gold-bind", "device": "b0", **BINDING}],
+    "bind-done": [{"request": "dev", "driver": "bind.example.com", "pool": "gold-bind", "device": "b1", **BINDING}],
+    # What kube-scheduler makes for ext-pod's extended-resource request (the claim is not in the
+    # objects file: the scheduler creates it), with 1.37's skipNodeOperations copied from the slice.
+    EXTENDED_CLAIM: [
+        {
+            "request": "container-0-request-0",
+            "driver": "ext.example.com",
+            "pool": "gold-ext",
+            "device": "e0",
+            "skipNodeOperations": ["*"],
         }
     ],
     "gen-d2": [{"request": "dev", "driver": "gen.example.com", "pool": "gen-pool", "device": "d2"}],
@@ -65,12 +92,42 @@ def load_golden(kinds: dict[str, Any]) -> None:
     """Upsert the golden objects, allocated as the scheduler allocated them, into the store of their
     kind (a kind missing or mapped to None is skipped)."""
     for i, doc in enumerate(yaml.safe_load_all(OBJECTS.read_text())):
-        if not doc or kinds.get(doc["kind"]) is None:
+        if not doc or kinds.get("ResourceClaim" if doc["kind"] == "Pod" else doc["kind"]) is None:
             continue
         obj = copy.deepcopy(doc)
         meta = obj["metadata"]
         meta.update(resourceVersion=str(i + 1), uid=f"uid-{i}", creationTimestamp="2026-11-30T01:02:03Z")
         name = meta["name"]
+        condition_fields = {"reason": "R", "message": "", "lastTransitionTime": "2026-11-30T01:02:05Z"}
+        if doc["kind"] == "Pod" and name == "ext-pod":
+            # The claim kube-scheduler makes for the pod's extended-resource request, instead of the pod.
+            doc = {"kind": "ResourceClaim"}
+            obj = {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {
+                    **meta,
+                    "name": EXTENDED_CLAIM,
+                    "annotations": {"resource.kubernetes.io/extended-resource-claim": "true"},
+                },
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {
+                                "name": "container-0-request-0",
+                                "exactly": {
+                                    "deviceClassName": "ext.example.com",
+                                    "allocationMode": "ExactCount",
+                                    "count": 1,
+                                },
+                            }
+                        ]
+                    }
+                },
+            }
+            meta, name = obj["metadata"], EXTENDED_CLAIM
+        if doc["kind"] == "ResourceSlice" and name == "gold-ext":
+            obj["spec"]["skipNodeOperations"] = ["*"]  # Kubernetes 1.37 (DRAOptionalNodeOperations)
         if name in ALLOCATIONS:
             obj["status"] = {
                 "allocation": {
@@ -79,6 +136,15 @@ def load_golden(kinds: dict[str, Any]) -> None:
                 },
                 "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": f"pod-{i}"}],
             }
+        if name == "bind-done":
+            obj["status"]["devices"] = [
+                {
+                    "driver": "bind.example.com",
+                    "pool": "gold-bind",
+                    "device": "b1",
+                    "conditions": [{"type": "Attached", "status": "True", **condition_fields}],
+                }
+            ]
         if name == "health":
             condition = {"reason": "R", "message": "", "lastTransitionTime": "2026-11-30T01:02:05Z"}
             obj["status"]["devices"] = [
