@@ -4,22 +4,33 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+from opentelemetry.sdk.metrics import MeterProvider
 
 from otel_dra.cli import build_parser
+from otel_dra.cluster.exporter import ClusterState
 from otel_dra.cluster.resourceslice import DEFAULT_DEVICE_ATTRIBUTES, MAX_DEVICE_ATTRIBUTES
+from otel_dra.cluster.selection import EVERYTHING
 from otel_dra.testbed.build import prometheus_operator_crds
-from tests.helpers import wait_until
+from tests.helpers import SEED_FAMILIES, scrape, wait_until
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "otel-dra"
 KUBE_VERSION = "1.34.0"
 PROD_VALUES = CHART / "prod-values.yaml"
+# The seven seed families only, as docs/metrics.md ("Choosing families") writes the allowlist.
+SEED_ONLY = [
+    "kube_resourceclaim_status_(allocated_device|reserved_for_pod|reserved_total)",
+    "kube_resourceslice_device_capacity_(memory_bytes|multiprocessors|decoders)",
+    "kube_deviceclass_hourly_cost",
+]
 
 
 def _helm(helm: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -183,10 +194,18 @@ def test_server_side_dry_run(helm, testbed, operator_crds, profile):
     _apply(testbed, docs, "--dry-run=server")
 
 
-def test_chart_serviceaccount_can_exactly_what_the_exporter_needs(helm, testbed, start_exporter_app):
+@pytest.mark.parametrize(
+    ("release", "exporter", "watches_pods"),
+    [("rbac", {}, True), ("rbac-seed", {"metricAllowlist": SEED_ONLY}, False)],
+    ids=["defaults", "seed-only"],
+)
+def test_chart_serviceaccount_can_exactly_what_the_exporter_needs(
+    helm, testbed, start_exporter_app, monkeypatch, tmp_path, caplog, release, exporter, watches_pods
+):
     testbed.kubectl("create", "namespace", "dra-monitoring", check=False)
-    _apply(testbed, render(helm, release="rbac", namespace="dra-monitoring"))
-    sa = "system:serviceaccount:dra-monitoring:rbac-otel-dra"
+    docs = render(helm, release=release, namespace="dra-monitoring", values=[_values_file(tmp_path, exporter)])
+    _apply(testbed, docs)
+    sa = f"system:serviceaccount:dra-monitoring:{release}-otel-dra"
 
     def can(verb: str, resource: str) -> bool:
         result = testbed.kubectl("auth", "can-i", verb, resource, "--as", sa, "--all-namespaces", check=False)
@@ -201,16 +220,67 @@ def test_chart_serviceaccount_can_exactly_what_the_exporter_needs(helm, testbed,
     ):
         assert can("list", resource) and can("watch", resource)
         assert not can("get", resource) and not can("create", resource) and not can("delete", resource)
-    # Pods (exporter.watchPods, on by default): list and watch only.
-    assert can("list", "pods") and can("watch", "pods") and not can("get", "pods") and not can("delete", "pods")
+    # Pods: list and watch only, and only when the exporter watches them (exporter.watchPods, on by
+    # default, and a served kube_pod_* family: the seed families read no pods).
+    assert can("list", "pods") is can("watch", "pods") is watches_pods
+    assert not can("get", "pods") and not can("delete", "pods")
     assert not can("list", "secrets") and not can("list", "resourceclaimtemplates.resource.k8s.io")
-    # And it is enough: the exporter runs with that ServiceAccount's token.
-    token = testbed.mint_token("dra-monitoring", "rbac-otel-dra")
-    kubeconfig = testbed.write_kubeconfig(testbed.dir / "chart-sa.kubeconfig", token)
-    app = start_exporter_app(str(kubeconfig))
+    # And it is enough: the exporter runs with that ServiceAccount's token and the rendered flags.
+    args = _parse_with_cli(_exporter_container(docs), monkeypatch)
+    token = testbed.mint_token("dra-monitoring", f"{release}-otel-dra")
+    kubeconfig = testbed.write_kubeconfig(testbed.dir / f"{release}-sa.kubeconfig", token)
+    caplog.set_level(logging.INFO)
+    app = start_exporter_app(
+        str(kubeconfig),
+        families=args.metric_allowlist or args.metric_denylist,
+        watch_pods=args.watch_pods,
+        device_attributes=args.device_attributes,
+        leak_grace=args.leak_grace_period,
+    )
     wait_until(lambda: app.state.not_synced() is None, what="sync as the chart's ServiceAccount")
-    [pods] = [r for r in app.state.reflectors if r.resource.plural == "pods"]
-    assert pods.state().unavailable is None  # watched, not forbidden
+    pods = [r for r in app.state.reflectors if r.resource.plural == "pods"]
+    if watches_pods:
+        assert [r.state().unavailable for r in pods] == [None]  # watched, not forbidden
+    else:
+        assert pods == [] and app.state.pods is None  # not even tried
+    assert not [r.getMessage() for r in caplog.records if "forbidden" in r.getMessage()]
+    code, body = scrape(app.port)
+    assert code == 200, body
+    served = set(re.findall(r"^# TYPE (kube_\w+) ", body, re.MULTILINE))
+    if not watches_pods:
+        assert served == set(SEED_FAMILIES)
+
+
+@pytest.mark.parametrize(
+    ("exporter", "pods"),
+    [
+        ({}, True),
+        ({"metricAllowlist": SEED_ONLY}, False),
+        ({"metricAllowlist": [*SEED_ONLY, "kube_pod_.*"]}, True),
+        ({"metricAllowlist": ["kube_pod_resourceclaim_device_health"]}, True),
+        ({"metricAllowlist": ["  kube_pod_resourceclaim_info "]}, True),  # trimmed, as the exporter does
+        ({"metricAllowlist": [*SEED_ONLY, "kube_pod_resourceclaim"]}, False),  # full match: not a prefix
+        ({"metricAllowlist": ["kube_pod_(?=resourceclaim_info).+"]}, True),  # not RE2: granted, not missed
+        ({"metricDenylist": ["kube_pod_.*"]}, False),
+        ({"metricDenylist": ["kube_pod_resourceclaim_(info|device_health)"]}, False),
+        ({"metricDenylist": ["kube_pod_resourceclaim_info"]}, True),
+        ({"metricDenylist": ["kube_pod_resourceclaim", "kube_deviceclass_info"]}, True),
+        ({"watchPods": False}, False),
+        ({"watchPods": False, "metricAllowlist": ["kube_pod_.*"]}, False),
+    ],
+)
+def test_the_role_asks_for_pods_only_when_the_exporter_watches_them(helm, monkeypatch, tmp_path, exporter, pods):
+    docs = render(helm, values=[_values_file(tmp_path, exporter)])
+    [role] = _by_kind(docs)["ClusterRole"]
+    pod_rules = [r for r in role["rules"] if "pods" in r["resources"]]
+    assert pod_rules == ([{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}] if pods else [])
+    # The exporter decides the same from the rendered flags (--watch-pods stays exporter.watchPods:
+    # with no pod family served the exporter does not watch pods whatever it says).
+    args = _parse_with_cli(_exporter_container(docs), monkeypatch)
+    assert args.watch_pods is exporter.get("watchPods", True)
+    families = args.metric_allowlist or args.metric_denylist or EVERYTHING
+    state = ClusterState(object(), MeterProvider(), families=families, pods=args.watch_pods)  # type: ignore[arg-type]
+    assert (state.pods is not None) is pods
 
 
 def _render_with(helm: Path, *sets: str) -> dict[str, list[dict]]:

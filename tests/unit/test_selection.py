@@ -7,7 +7,9 @@ from __future__ import annotations
 import gc
 import logging
 import random
+import re
 import tracemalloc
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,7 +20,7 @@ from bench.memory import fill
 from bench.workload import Workload
 from otel_dra.cli import main
 from otel_dra.cluster import deviceclass, devicetaintrule, joins, pod, resourceclaim, resourceslice
-from otel_dra.cluster.exporter import SEED_FAMILIES, ClusterState, all_families
+from otel_dra.cluster.exporter import SEED_FAMILIES, ClusterState, all_families, object_families
 from otel_dra.cluster.selection import EVERYTHING, FamilySelection
 from otel_dra.cluster.store import ObjectStore
 from otel_dra.telemetry.exposition import GaugeFamily
@@ -222,6 +224,19 @@ def test_pods_are_watched_only_with_watch_pods_and_a_served_pod_family():
     # Optional: a 403 (RBAC) is logged once and the rest is served; pods need no API discovery.
     (reflector,) = [r for r in state().reflectors if r.resource.plural == "pods"]
     assert reflector.optional and reflector.discover is None
+
+
+def test_the_charts_pod_families_are_the_families_that_read_pods():
+    """The Helm chart asks for pods RBAC only when its metric lists serve one of the families it
+    lists as reading pods (otel-dra.exporterWatchesPods in _helpers.tpl): they must be the
+    exporter's, its own pod families and any joined family that reads pods."""
+    helpers = Path(__file__).parents[2] / "deploy" / "helm" / "otel-dra" / "templates" / "_helpers.tpl"
+    [listed] = re.findall(r'\$podFamilies := list((?: "[^"]*")+) }}', helpers.read_text())
+    chart = re.findall(r'"([^"]*)"', listed)
+    reads_pods = [f.prom_name for f in object_families()[pod.RESOURCE.plural]]
+    reads_pods += [f.prom_name for f in joins.ALL_FAMILIES if pod.RESOURCE.plural in f.reads]
+    assert sorted(chart) == sorted(reads_pods)
+    assert len(chart) == len(set(chart))
 
 
 def test_the_joins_build_only_the_work_their_families_need():

@@ -69,6 +69,46 @@ app.kubernetes.io/component: exporter
 {{- end }}
 {{- end }}
 
+{{/* "true" when the exporter watches pods, else "": exporter.watchPods is on and the metric lists
+     serve at least one family that reads pods, decided as the exporter decides it (ClusterState in
+     otel_dra/cluster/exporter.py, FamilySelection in otel_dra/cluster/selection.py): the joined list
+     split on commas, entries trimmed, empty ones dropped; an entry selects a family when it matches
+     the whole Prometheus name; an allowlist serves what some entry selects, a denylist (or no list)
+     what none does. The ClusterRole asks for pods only then (least privilege). $podFamilies are the
+     families that read pods (otel_dra/cluster/pod.py STATE_FAMILIES; no joined family reads pods):
+     tests/unit/test_selection.py fails when the two lists differ.
+     The exporter's entries are Python regular expressions, matched here with Go's RE2; where RE2
+     cannot compile an entry (a lookahead, a backreference) the chart cannot tell, and grants pods
+     rather than leave the exporter without them. */}}
+{{- define "otel-dra.exporterWatchesPods" -}}
+{{- $podFamilies := list "kube_pod_resourceclaim_info" "kube_pod_resourceclaim_device_health" }}
+{{- if .Values.exporter.watchPods }}
+{{- $allow := not (empty .Values.exporter.metricAllowlist) }}
+{{- $entries := list }}
+{{- range splitList "," (join "," (ternary .Values.exporter.metricAllowlist .Values.exporter.metricDenylist $allow)) }}
+{{- with trim . }}
+{{- $entries = append $entries . }}
+{{- end }}
+{{- end }}
+{{- $allow = and $allow (gt (len $entries) 0) }}
+{{- $served := false }}
+{{- range $name := $podFamilies }}
+{{- $selected := false }}
+{{- range $entries }}
+{{- /* "(?:RE)|" matches the empty string whenever RE2 compiles RE (regexMatch is false on an error). */}}
+{{- $compiles := regexMatch (printf "(?:%s)|" .) "" }}
+{{- if or (regexMatch (printf "^(?:%s)$" .) $name) (and (not $compiles) $allow) }}
+{{- $selected = true }}
+{{- end }}
+{{- end }}
+{{- if eq $selected $allow }}
+{{- $served = true }}
+{{- end }}
+{{- end }}
+{{- if $served }}true{{ end }}
+{{- end }}
+{{- end }}
+
 {{/* The exporter pod template, shared by the Deployment and the sharded StatefulSet. */}}
 {{- define "otel-dra.podTemplate" -}}
 metadata:
