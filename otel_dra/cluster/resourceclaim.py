@@ -208,7 +208,9 @@ def _binding(
     entry is True in the device's status.devices entry, satisfied when every bindingConditions
     entry is True, else waiting."""
     found: dict[DeviceStatusKey, dict[str, tuple[bool, float | None]]] | None = None
-    out: list[Binding] = []
+    # Keyed as status.devices is: results naming the same device and share (which the API does
+    # not allow) must still become one series each.
+    out: dict[DeviceStatusKey, Binding] = {}
     for result in results:
         if not isinstance(result, dict):
             continue
@@ -231,8 +233,8 @@ def _binding(
             state, since = "satisfied", (None if None in times else max(t for t in times if t is not None))
         else:
             state, since = "waiting", allocated_at
-        out.append(Binding(driver, pool, device, share_id, state, since))
-    return tuple(out)
+        out[(driver, pool, device, share_id)] = Binding(driver, pool, device, share_id, state, since)
+    return tuple(out.values())
 
 
 # The fields of Claim that only some families read (Family.fields); a parser made for a set of
