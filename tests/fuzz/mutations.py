@@ -17,15 +17,26 @@ Path = tuple[str | int, ...]
 # Characters that break naive escaping or parsing: exposition label escapes, line ends, NUL, a lone
 # surrogate (what json.loads makes of "\ud800"), a BOM, a line separator, combining marks, emoji.
 SPECIAL_CHARS = '"\\\n\r\t\x00\x7f\ud800\ufeff\u2028\u0301{}=,# /:é中🙂'
-ODD_TEXT = st.text(alphabet=st.sampled_from(SPECIAL_CHARS) | st.characters(), max_size=24)
+# Without the surrogate: what can travel as protobuf strings (UTF-8) at all.
+UTF8_CHARS = SPECIAL_CHARS.replace("\ud800", "")
 
-# Up to ~100 KB: a short piece repeated (drawing 100 KB of characters one by one would exhaust
-# Hypothesis' per-example budget).
-HUGE_TEXT = st.builds(
-    lambda piece, size: (piece * (size // max(1, len(piece)) + 1))[:size],
-    st.text(alphabet=st.sampled_from(SPECIAL_CHARS) | st.characters(), min_size=1, max_size=8),
-    st.sampled_from([257, 4097, 65_537, 100_000]),
-)
+
+def odd_text(chars: str = SPECIAL_CHARS) -> st.SearchStrategy[str]:
+    return st.text(alphabet=st.sampled_from(chars) | st.characters(), max_size=24)
+
+
+def huge_text(chars: str = SPECIAL_CHARS) -> st.SearchStrategy[str]:
+    """Up to ~100 KB: a short piece repeated (drawing 100 KB of characters one by one would exhaust
+    Hypothesis' per-example budget)."""
+    return st.builds(
+        lambda piece, size: (piece * (size // max(1, len(piece)) + 1))[:size],
+        st.text(alphabet=st.sampled_from(chars) | st.characters(), min_size=1, max_size=8),
+        st.sampled_from([257, 4097, 65_537, 100_000]),
+    )
+
+
+ODD_TEXT = odd_text()
+HUGE_TEXT = huge_text()
 
 # Long digit strings, built when drawn (a sampled_from of them would print them in every report).
 _LONG_NUMBERS = (
