@@ -213,7 +213,8 @@ class Driver:
                 # on a hit) is what checks name and UID otherwise (found by tests/fuzz).
                 raise ClaimError(
                     "UIDMismatch",
-                    f"claim UID {ref.uid} was prepared as {cached.namespace}/{cached.name}, not {ref.namespace}/{ref.name}",
+                    f"claim UID {ref.uid} was prepared as {cached.namespace}/{cached.name}, "
+                    f"not {ref.namespace}/{ref.name}",
                 )
             if cached is not None:
                 # Prepared before (maybe by an earlier run of the plugin): same answer, no API call.

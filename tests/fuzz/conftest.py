@@ -4,9 +4,10 @@ exporter and the plugin. Every module here marks its tests ``fuzz``
 
 How many examples each property gets is a Hypothesis profile, chosen with ``HYPOTHESIS_PROFILE``:
 
-- ``ci`` (the default; what ``make test`` and ``make test-unit`` run): a few thousand per kind;
-- ``deep`` (``make fuzz``): 100,000 per kind;
-- ``dev``: a couple of hundred, for a quick local run.
+- ``ci`` (the default; what ``make test`` and ``make test-unit`` run): 2,000 per watched kind (over
+  its two properties) and 500 for the plugin's RPCs, about three minutes on 2 cores;
+- ``deep`` (``make fuzz``): 100,000 per kind and property (hours);
+- ``dev``: 200 per kind and property, for a quick local run.
 
 A failure prints the shrunk input and a ``@reproduce_failure`` blob; keep the input as a regular unit
 test next to the fix.
@@ -17,12 +18,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+
 import pytest
 from hypothesis import HealthCheck, settings
 
-# Per kind of input (each parametrized case of a property): the examples of each profile. The
-# gRPC properties run a real server over a unix socket, each example one or two RPCs, so they get
-# fewer in CI (see CI_SCALE in test_fuzz_plugin.py).
+# Per kind of input (a watched resource, the plugin's RPCs): the examples of each profile, in
+# total over the properties of that kind in CI (see ``examples``), for each property in a deep run.
 EXAMPLES = {"ci": 2000, "deep": 100_000, "dev": 200}
 
 _COMMON = {
@@ -38,6 +39,12 @@ PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 if PROFILE not in EXAMPLES:
     raise pytest.UsageError(f"HYPOTHESIS_PROFILE={PROFILE!r}: one of {', '.join(EXAMPLES)}")
 settings.load_profile(PROFILE)
+
+
+def examples(share: int) -> int:
+    """The examples of one property that gets 1/``share`` of its kind's count in CI (a deep or dev
+    run gives every property the profile's full count)."""
+    return EXAMPLES[PROFILE] // share if PROFILE == "ci" else EXAMPLES[PROFILE]
 
 
 @pytest.fixture(autouse=True)

@@ -48,60 +48,69 @@ _LONG_NUMBERS = (
 # with one would fail to decode, before any object reaches the exporter's stores).
 _BIG = st.sampled_from([20, 400, 4000]).map(lambda digits: 10**digits)
 
-ODD_QUANTITIES = _LONG_NUMBERS | _BIG | st.sampled_from(
-    [
-        "1e400",
-        "-1e400",
-        "1e-400",
-        "1e300",
-        "1E3",
-        "-0",
-        "0x10",
-        "1.5Ki",
-        "",
-        " ",
-        "+1",
-        ".5",
-        "1.",
-        "5Ei",
-        "1Gi\n",
-        " 1Gi ",
-        "NaN",
-        "Inf",
-        "-Inf",
-        "1Gi1",
-        "1 Gi",
-        "1,5",
-        "٣",  # an Arabic-Indic digit: str.isdigit() says yes
-        "²",  # likewise
-        "-5",
-        "1m",
-        "1n",
-    ]
-) | st.sampled_from([2**64, -(2**64), -1, 0, 1.5, float("nan"), float("inf"), -0.0, True, None, [], {}])
+ODD_QUANTITIES = (
+    _LONG_NUMBERS
+    | _BIG
+    | st.sampled_from(
+        [
+            "1e400",
+            "-1e400",
+            "1e-400",
+            "1e300",
+            "1E3",
+            "-0",
+            "0x10",
+            "1.5Ki",
+            "",
+            " ",
+            "+1",
+            ".5",
+            "1.",
+            "5Ei",
+            "1Gi\n",
+            " 1Gi ",
+            "NaN",
+            "Inf",
+            "-Inf",
+            "1Gi1",
+            "1 Gi",
+            "1,5",
+            "٣",  # an Arabic-Indic digit: str.isdigit() says yes
+            "²",  # likewise
+            "-5",
+            "1m",
+            "1n",
+        ]
+    )
+    | st.sampled_from([2**64, -(2**64), -1, 0, 1.5, float("nan"), float("inf"), -0.0, True, None, [], {}])
+)
 
-ODD_TIMES = st.sampled_from(
-    [
-        "",
-        "yesterday",
-        "2026-11-30T03:26:06Z",
-        "2026-11-30T03:26:06",
-        "2026-11-30",
-        "2026-11-30T03:26:06.123456789Z",
-        "2026-11-30T03:26:06+25:00",
-        "2026-11-30T03:26:06-23:59",
-        "0001-01-01T00:00:00Z",
-        "0001-01-01T00:00:00+23:59",
-        "9999-12-31T23:59:59Z",
-        "9999-12-31T23:59:59-23:59",
-        "2026-13-40T25:61:61Z",
-        "1970-01-01T00:00:00Z",
-        "2099-01-01T00:00:00Z",
-        "2026-11-30 03:26:06Z",
-        "２０２６-11-30T03:26:06Z",  # full-width digits
-        "2026-11-30T03:26:06Z\n",
-    ]
-) | _BIG | st.sampled_from([0, -1, 1.8e9, True, None, [], {}])
+ODD_TIMES = (
+    st.sampled_from(
+        [
+            "",
+            "yesterday",
+            "2026-11-30T03:26:06Z",
+            "2026-11-30T03:26:06",
+            "2026-11-30",
+            "2026-11-30T03:26:06.123456789Z",
+            "2026-11-30T03:26:06+25:00",
+            "2026-11-30T03:26:06-23:59",
+            "0001-01-01T00:00:00Z",
+            "0001-01-01T00:00:00+23:59",
+            "9999-12-31T23:59:59Z",
+            "9999-12-31T23:59:59-23:59",
+            "2026-13-40T25:61:61Z",
+            "1970-01-01T00:00:00Z",
+            "2099-01-01T00:00:00Z",
+            "2026-11-30 03:26:06Z",
+            "\uff12\uff10\uff12\uff16-11-30T03:26:06Z",  # full-width digits
+            "2026-11-30T03:26:06Z\n",
+        ]
+    )
+    | _BIG
+    | st.sampled_from([0, -1, 1.8e9, True, None, [], {}])
+)
 
 # Names of fields that exist somewhere in the watched kinds, to add where they do not belong.
 FIELD_NAMES = st.sampled_from(

@@ -17,13 +17,15 @@ dropping the object's other series.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
-from hypothesis import event, given, note
+from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
-from tests.fuzz.mutations import mutated
+from tests.fuzz.conftest import examples
+from tests.fuzz.mutations import at, mutated, paths
 from tests.fuzz.world import (
     KINDS,
     Sampler,
@@ -73,6 +75,7 @@ def _seeds_of(kind: str) -> list[int]:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@settings(max_examples=examples(2))  # with test_invalid_fields_are_counted: a kind's CI count
 @given(data=st.data())
 def test_mutated_object_among_good_ones(kind: str, data: st.DataObject) -> None:
     index = data.draw(st.sampled_from(_seeds_of(kind)), label="seed")
@@ -148,7 +151,13 @@ TARGETS: list[tuple[str, tuple[Any, ...], st.SearchStrategy[Any], bool, Any]] = 
     ("DeviceClass", ("metadata", "annotations", "hourly-cost"), _BAD_COSTS, False, None),
     ("ResourceClaim", ("metadata", "creationTimestamp"), _BAD_TIMES, False, None),
     ("ResourceClaim", ("status", "allocation", "allocationTimestamp"), _BAD_TIMES, False, None),
-    ("ResourceClaim", ("status", "allocation", "devices", "results", "*", "consumedCapacity", "*"), _BAD_QUANTITIES, False, None),
+    (
+        "ResourceClaim",
+        ("status", "allocation", "devices", "results", "*", "consumedCapacity", "*"),
+        _BAD_QUANTITIES,
+        False,
+        None,
+    ),
     ("ResourceClaim", ("status", "allocation", "devices", "results", "*", "driver"), _NOT_STRINGS, False, None),
     ("ResourceClaim", ("status", "allocation", "devices", "results"), _NOT_LISTS, False, None),
     ("ResourceClaim", ("status", "reservedFor"), _NOT_LISTS, False, None),
@@ -156,7 +165,13 @@ TARGETS: list[tuple[str, tuple[Any, ...], st.SearchStrategy[Any], bool, Any]] = 
     ("ResourceClaim", ("status",), _NOT_OBJECTS, False, None),
     ("ResourceSlice", ("spec", "devices", "*", "capacity", "*", "value"), _BAD_QUANTITIES, False, None),
     ("ResourceSlice", ("spec", "sharedCounters", "*", "counters", "*", "value"), _BAD_QUANTITIES, False, None),
-    ("ResourceSlice", ("spec", "devices", "*", "consumesCounters", "*", "counters", "*", "value"), _BAD_QUANTITIES, False, None),
+    (
+        "ResourceSlice",
+        ("spec", "devices", "*", "consumesCounters", "*", "counters", "*", "value"),
+        _BAD_QUANTITIES,
+        False,
+        None,
+    ),
     ("ResourceSlice", ("spec", "devices", "*", "taints", "*", "timeAdded"), _BAD_TIMES, False, None),
     ("ResourceSlice", ("spec", "devices", "*", "name"), _NOT_STRINGS, False, None),
     ("ResourceSlice", ("spec", "devices"), _NOT_LISTS, False, None),
@@ -186,8 +201,6 @@ TARGETS: list[tuple[str, tuple[Any, ...], st.SearchStrategy[Any], bool, Any]] = 
 
 def _matching(pattern: tuple[Any, ...]) -> list[tuple[int, tuple[Any, ...]]]:
     """(seed, concrete path) for every node of a seed that the pattern names."""
-    from tests.fuzz.mutations import paths
-
     out = []
     for i, (_kind, obj) in enumerate(SEEDS):
         for path in paths(obj):
@@ -209,14 +222,11 @@ def _targets(kind: str) -> list[tuple[int, tuple[Any, ...], st.SearchStrategy[An
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@settings(max_examples=examples(2))
 @given(data=st.data())
 def test_invalid_fields_are_counted(kind: str, data: st.DataObject) -> None:
     """A field the exporter validates, set to an invalid value, counts in otel_dra.objects.invalid and
     omits only what it feeds: the object's other series stay (unless it cannot be parsed at all)."""
-    import copy
-
-    from tests.fuzz.mutations import at
-
     index, path, values, drops = data.draw(st.sampled_from(_targets(kind)), label="target")
     obj = copy.deepcopy(SEEDS[index][1])
     value = data.draw(values, label="invalid value")

@@ -38,16 +38,13 @@ from otel_dra.plugin.devices import simulated_devices
 from otel_dra.plugin.driver import Driver, Inventory
 from otel_dra.plugin.metrics import PluginMetrics
 from otel_dra.plugin.server import PluginServer
-from tests.fuzz.conftest import EXAMPLES, PROFILE
+from tests.fuzz.conftest import examples
 from tests.fuzz.mutations import UTF8_CHARS, huge_text, odd_text
 
 pytestmark = pytest.mark.fuzz
 
 DRIVER = "gpu.example.com"
 NODE = "node-a"
-# Each example is one to three RPCs over the socket (a few ms each): fewer examples than the
-# cluster properties in CI; the deep run gets its full count.
-CI_SCALE = 4
 MAX_MESSAGE = 4 * 1024 * 1024  # gRPC's default limit on a received message (the server's)
 
 _UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -80,7 +77,10 @@ CLAIMS = {
         _claim("not-a-list", "uid-not-a-list", {"gpu": "gpu-0"}),
     ]
 }
-GOOD = {("ns", "uid-good-1", "good-1"): ["gpu-0"], ("ns", "uid-good-2", "good-2"): ["gpu-1", "gpu-2"]}  # (namespace, uid, name)
+GOOD = {
+    ("ns", "uid-good-1", "good-1"): ["gpu-0"],
+    ("ns", "uid-good-2", "good-2"): ["gpu-1", "gpu-2"],
+}  # (namespace, uid, name)
 KNOWN = [(ns, c["metadata"]["uid"], name) for (ns, name), c in CLAIMS.items()]
 
 
@@ -179,7 +179,8 @@ def _expected_unprepare(ref: tuple[str, str, str]) -> bool:
     return not (namespace or name) or bool(_NAMESPACE.fullmatch(namespace) and _NAME.fullmatch(name))
 
 
-@settings(max_examples=EXAMPLES[PROFILE] // (CI_SCALE if PROFILE == "ci" else 1))
+# Each example is up to three RPCs over the socket: a quarter of a watched kind's count in CI.
+@settings(max_examples=examples(4))
 @given(refs=_refs(), version=st.sampled_from(["v1", "v1beta1"]), operation=st.sampled_from(["prepare", "unprepare"]))
 def test_requests_get_per_claim_answers_and_the_server_keeps_serving(
     plugin: Plugin, refs: list[tuple[str, str, str]], version: str, operation: str

@@ -216,7 +216,11 @@ def promtool_check(text: bytes) -> None:
 
 def points(requests: list[ExportMetricsServiceRequest]) -> int:
     return sum(
-        len(m.gauge.data_points) for r in requests for rm in r.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+        len(m.gauge.data_points)
+        for r in requests
+        for rm in r.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
     )
 
 

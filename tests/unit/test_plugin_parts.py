@@ -194,7 +194,9 @@ class _OneClaim:
         "metadata": {"namespace": "ns", "name": "c", "uid": "u1"},
         "status": {
             "allocation": {
-                "devices": {"results": [{"request": "r", "driver": "gpu.example.com", "pool": "node-a", "device": "gpu-0"}]}
+                "devices": {
+                    "results": [{"request": "r", "driver": "gpu.example.com", "pool": "node-a", "device": "gpu-0"}]
+                }
             }
         },
     }
