@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install peers protos lint test test-unit golden run sandbox bench bench-scale bench-plugin manifests ci clean
+.PHONY: install peers protos lint test test-unit fuzz golden run sandbox bench bench-scale bench-plugin manifests ci clean
 
 install: $(VENV)/.installed
 
@@ -36,12 +36,19 @@ lint: install
 test-unit: install
 	$(BIN)/pytest -m "not testbed" $(PYTEST_ARGS)
 
+# The fuzz suite (tests/fuzz) at depth: 100,000 examples per watched kind and property, and for the
+# plugin's RPCs (hours on 2 cores). `make test` and `make test-unit` run it with the CI profile (2,000
+# per kind); HYPOTHESIS_PROFILE=dev is a quick run of 200.
+fuzz: install
+	HYPOTHESIS_PROFILE=deep $(BIN)/pytest -m fuzz tests/fuzz $(PYTEST_ARGS)
+
 # Regenerate the golden expositions (tests/golden/*.prom) from the real testbed, after a change to
 # a family or to the golden objects. Review `git diff tests/golden` line by line before committing.
 golden: install
 	UPDATE_GOLDEN=1 $(BIN)/pytest tests/integration/test_golden.py tests/integration/test_golden_state.py $(PYTEST_ARGS)
 
-# The whole suite: lint, then unit and integration tests against the real testbed.
+# The whole suite: lint, then unit tests, the fuzz suite (CI profile) and integration tests against
+# the real testbed.
 test: lint peers
 	$(BIN)/pytest $(PYTEST_ARGS)
 

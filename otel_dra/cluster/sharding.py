@@ -46,7 +46,8 @@ class Shard:
     def owns(self, obj: dict[str, Any]) -> bool:
         if self.total == 1:
             return True
-        meta = obj.get("metadata") or {}
+        meta = obj.get("metadata")
+        meta = meta if isinstance(meta, dict) else {}  # malformed: must not break the list or watch
         uid = meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         return fnv1a64(str(uid).encode()) % self.total == self.index
 

@@ -141,8 +141,17 @@ def _gc_paused() -> Iterator[None]:
                 gc.enable()
 
 
+def metadata(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object's metadata, or {} when it has none or it is not an object. Read outside the
+    parsers' error handling (for the key and resourceVersion), so a malformed metadata must not
+    raise there: it would break the whole list or watch, not just drop this object (found by
+    tests/fuzz: ``metadata: "0"``)."""
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
 def object_key(obj: dict[str, Any]) -> str:
-    meta = obj.get("metadata") or {}
+    meta = metadata(obj)
     namespace = meta.get("namespace") or ""
     return f"{namespace}/{meta.get('name', '')}" if namespace else str(meta.get("name", ""))
 
@@ -531,7 +540,7 @@ class ObjectStore(SeriesStore[T]):
         return report
 
     def _build(self, key: str, obj: dict[str, Any]) -> _Entry[T]:
-        rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+        rv = str(metadata(obj).get("resourceVersion", ""))
         report = self._reporter(key)
         try:
             slim = self._parse(obj, report)
@@ -558,7 +567,7 @@ class ObjectStore(SeriesStore[T]):
         if not owned and self._listener is None:
             return
         key = object_key(obj)
-        rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+        rv = str(metadata(obj).get("resourceVersion", ""))
         old = self._old(key)
         # Unchanged objects (a relist, a duplicate event) are neither re-parsed nor re-logged.
         if old is not None and rv and old[0] == rv:
@@ -637,7 +646,7 @@ class ObjectStore(SeriesStore[T]):
             if not owned and not listening:
                 continue
             key = object_key(obj)
-            rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+            rv = str(metadata(obj).get("resourceVersion", ""))
             old = self._old(key) if listening else None
             if owned:
                 current = entries.get(key)

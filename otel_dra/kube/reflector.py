@@ -367,7 +367,9 @@ class Reflector:
                     raise ApiError(int(code or 0), f"watch error event: {obj.get('message', obj)}")
                 if self.events:
                     self.events.watch_event(self.resource.plural, str(kind))
-                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                meta = obj.get("metadata")
+                # Malformed metadata: the store drops (and counts) the object; it must not break the watch.
+                rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
                 if kind in ("ADDED", "MODIFIED"):
                     self.handler.upsert(obj)
                 elif kind == "DELETED":

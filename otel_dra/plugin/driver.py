@@ -208,6 +208,14 @@ class Driver:
         _validate(ref, full=True)
         with self._claim_lock(ref.uid):
             cached = self.checkpoint.get(ref.uid)
+            if cached is not None and (cached.namespace, cached.name) != (ref.namespace, ref.name):
+                # Without this the cache answered for a UID under any name: the API read below (skipped
+                # on a hit) is what checks name and UID otherwise (found by tests/fuzz).
+                raise ClaimError(
+                    "UIDMismatch",
+                    f"claim UID {ref.uid} was prepared as {cached.namespace}/{cached.name}, "
+                    f"not {ref.namespace}/{ref.name}",
+                )
             if cached is not None:
                 # Prepared before (maybe by an earlier run of the plugin): same answer, no API call.
                 span.set_attribute(CACHED, True)
@@ -356,11 +364,12 @@ class _Stopwatch:
 
 
 def _validate(ref: ClaimRef, *, full: bool) -> None:
-    """Reject what the kubelet would never send; the UID becomes part of file names."""
-    if not _UID.match(ref.uid):
+    """Reject what the kubelet would never send; the UID becomes part of file names. fullmatch, not
+    match: ``$`` also matches before a trailing newline, so "uid\n" passed (found by tests/fuzz)."""
+    if not _UID.fullmatch(ref.uid):
         raise ClaimError("InvalidRequest", f"invalid claim UID {ref.uid!r}")
     if full or ref.namespace or ref.name:
-        if not _NAMESPACE.match(ref.namespace):
+        if not _NAMESPACE.fullmatch(ref.namespace):
             raise ClaimError("InvalidRequest", f"invalid claim namespace {ref.namespace!r}")
-        if not _NAME.match(ref.name):
+        if not _NAME.fullmatch(ref.name):
             raise ClaimError("InvalidRequest", f"invalid claim name {ref.name!r}")

@@ -3,6 +3,7 @@ from __future__ import annotations
 import logging
 
 from otel_dra.cluster import deviceclass, resourceclaim, resourceslice
+from otel_dra.cluster.sharding import Shard
 from otel_dra.cluster.store import ObjectStore
 
 
@@ -177,6 +178,21 @@ def test_only_dirty_segments_are_rebuilt():
     after = store.blocks()[0][1]
     assert [a is b for a, b in zip(before, after, strict=True)] == [True, False, True]
     assert b'deviceclass_name="c3"} 5.0' in after[1].data
+
+
+def test_metadata_that_is_not_an_object_drops_only_that_object():
+    """Found by tests/fuzz: ``metadata: "0"`` raised in object_key (outside the parsers' error
+    handling), so one such object broke the whole list or watch instead of being dropped."""
+    problems: list[str] = []
+    store = ObjectStore("deviceclasses", deviceclass.parse, deviceclass.FAMILIES, on_problem=problems.append)
+    good = {"metadata": {"name": "good", "resourceVersion": "1", "annotations": {"hourly-cost": "2"}}}
+    store.replace([good, {"metadata": "0"}])
+    store.upsert({"metadata": ["x"], "spec": {}})
+    store.delete({"metadata": 7})
+    assert _text(store.blocks()[0][1]) == b'kube_deviceclass_hourly_cost{deviceclass_name="good"} 2.0\n'
+    assert problems == ["deviceclasses", "deviceclasses"]  # counted, each time it changed
+    sharded = ObjectStore("deviceclasses", deviceclass.parse, deviceclass.FAMILIES, keep=Shard(0, 2).owns)
+    sharded.replace([good, {"metadata": "0"}])
 
 
 def test_shard_filter():

@@ -186,6 +186,69 @@ def _prepared(name: str = "c") -> PreparedClaim:
     return PreparedClaim("ns", name, (PreparedDevice(("gpu",), "node-a", "gpu-0", ("k/gpu=common", "k/gpu=u-gpu-0")),))
 
 
+class _OneClaim:
+    """The API server's side of a prepare: one claim, allocated to gpu-0 of node-a."""
+
+    host = "https://10.0.0.1:6443"
+    claim = {
+        "metadata": {"namespace": "ns", "name": "c", "uid": "u1"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [{"request": "r", "driver": "gpu.example.com", "pool": "node-a", "device": "gpu-0"}]
+                }
+            }
+        },
+    }
+
+    def get_json(self, path, query=None, *, headers=None, timeout=None):
+        if path == "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c":
+            return self.claim
+        raise ApiError(404, "not found")
+
+
+def _driver(tmp_path):
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.trace import NoOpTracerProvider
+
+    from otel_dra.plugin.driver import Driver, Inventory
+
+    cdi = CdiWriter(tmp_path / "cdi", "gpu.example.com", "node-a")
+    cdi.write_common()
+    return Driver(
+        client=_OneClaim(),
+        driver_name="gpu.example.com",
+        node_name="node-a",
+        inventory=Inventory(simulated_devices("node-a", 1)),
+        cdi=cdi,
+        checkpoint=Checkpoint(tmp_path / "checkpoint.json"),
+        metrics=PluginMetrics(MeterProvider(shutdown_on_exit=False)),
+        tracer_provider=NoOpTracerProvider(),
+    )
+
+
+def test_claim_names_and_uids_with_a_trailing_newline_are_refused(tmp_path):
+    """Found by tests/fuzz: the checks used re.match with ``$``, which matches before a final "\\n"."""
+    from otel_dra.plugin.driver import ClaimRef
+
+    driver = _driver(tmp_path)
+    for ref in (ClaimRef("ns", "u1\n", "c"), ClaimRef("ns\n", "u1", "c"), ClaimRef("ns", "u1", "c\n")):
+        assert "invalid claim" in driver.prepare([ref])[ref.uid].error
+        assert "invalid claim" in driver.unprepare([ref])[ref.uid].error
+
+
+def test_a_prepared_uid_under_another_name_is_refused(tmp_path):
+    """Found by tests/fuzz: a prepared claim is answered from the checkpoint without reading it
+    again, and that answer was given for its UID under any namespace and name."""
+    from otel_dra.plugin.driver import ClaimRef
+
+    driver = _driver(tmp_path)
+    assert [d.device_name for d in driver.prepare([ClaimRef("ns", "u1", "c")])["u1"].devices] == ["gpu-0"]
+    for ref in (ClaimRef("other", "u1", "c"), ClaimRef("ns", "u1", "d")):
+        assert "was prepared as ns/c" in driver.prepare([ref])["u1"].error
+    assert driver.prepare([ClaimRef("ns", "u1", "c")])["u1"].devices  # the right name still gets it
+
+
 def test_checkpoint_roundtrip_and_atomicity(tmp_path):
     path = tmp_path / "checkpoint.json"
     cp = Checkpoint(path)

@@ -1,0 +1,57 @@
+"""The fuzz suite (issue 15): property-based tests that feed mutated objects and requests through the
+exporter and the plugin. Every module here marks its tests ``fuzz``
+(``pytest -m fuzz`` selects them, ``-m 'not fuzz'`` leaves them out).
+
+How many examples each property gets is a Hypothesis profile, chosen with ``HYPOTHESIS_PROFILE``:
+
+- ``ci`` (the default; what ``make test`` and ``make test-unit`` run): 2,000 per watched kind (over
+  its two properties) and 500 for the plugin's RPCs, about three minutes on 2 cores;
+- ``deep`` (``make fuzz``): 100,000 per kind and property (hours);
+- ``dev``: 200 per kind and property, for a quick local run.
+
+A failure prints the shrunk input and a ``@reproduce_failure`` blob; keep the input as a regular unit
+test next to the fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+# Per kind of input (a watched resource, the plugin's RPCs): the examples of each profile, in
+# total over the properties of that kind in CI (see ``examples``), for each property in a deep run.
+EXAMPLES = {"ci": 2000, "deep": 100_000, "dev": 200}
+
+_COMMON = {
+    # Timing on shared CI runners is noisy, and huge strings make some examples slow by design.
+    "deadline": None,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+    "print_blob": True,
+}
+for _name, _count in EXAMPLES.items():
+    settings.register_profile(_name, max_examples=_count, **_COMMON)  # type: ignore[arg-type]
+
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+if PROFILE not in EXAMPLES:
+    raise pytest.UsageError(f"HYPOTHESIS_PROFILE={PROFILE!r}: one of {', '.join(EXAMPLES)}")
+settings.load_profile(PROFILE)
+
+
+def examples(share: int) -> int:
+    """The examples of one property that gets 1/``share`` of its kind's count in CI (a deep or dev
+    run gives every property the profile's full count)."""
+    return EXAMPLES[PROFILE] // share if PROFILE == "ci" else EXAMPLES[PROFILE]
+
+
+@pytest.fixture(autouse=True)
+def _quiet_logs() -> Iterator[None]:
+    """Each mutated object is logged as invalid, many times per example: kept out of failure reports."""
+    logger = logging.getLogger("otel_dra")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    yield
+    logger.setLevel(level)
