@@ -65,3 +65,17 @@ def serial(cert: Path) -> int:
         ["openssl", "x509", "-in", str(cert), "-noout", "-serial"], capture_output=True, text=True, check=True
     ).stdout
     return int(out.strip().split("=", 1)[1], 16)
+
+
+def served_serial(port: int, ca: CA, host: str = "127.0.0.1") -> int:
+    """The serial number of the certificate a TLS server on ``host:port`` serves (verified with ``ca``)."""
+    import socket
+    import ssl
+
+    ctx = ssl.create_default_context(cafile=str(ca.cert))
+    with socket.create_connection((host, port), timeout=10) as raw, ctx.wrap_socket(raw, server_hostname=host) as sock:
+        der = sock.getpeercert(binary_form=True)
+    assert der is not None
+    path = ca.dir / f"served-{port}.pem"
+    path.write_text(ssl.DER_cert_to_PEM_cert(der))
+    return serial(path)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import gzip
 import shutil
-import socket
 import ssl
 import threading
 import urllib.error
@@ -24,7 +23,7 @@ from otel_dra.kube.authz import Review, ReviewCache, ReviewUnavailable
 from otel_dra.telemetry.exposition import Chunk, GaugeFamily, assemble
 from otel_dra.telemetry.http import Endpoints, MetricsServer, Security, TokenVerdict
 from otel_dra.telemetry.webconfig import BasicAuth, TLSContexts, WebConfigError, load_web_config
-from tests.pki import CA, make_ca, serial
+from tests.pki import CA, make_ca, serial, served_serial
 
 FAM = GaugeFamily("demo_value", "By", "A demo.", ("k",))
 
@@ -226,19 +225,6 @@ def test_https_serves_the_same_bytes_and_plain_clients_or_other_cas_fail(pki, tm
         tls.stop()
 
 
-def _served_serial(port: int, ca: CA) -> int:
-    ctx = client_context(ca)
-    with (
-        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
-        ctx.wrap_socket(raw, server_hostname="127.0.0.1") as sock,
-    ):
-        der = sock.getpeercert(binary_form=True)
-    pem = ssl.DER_cert_to_PEM_cert(der)
-    path = Path(ca.dir / "served.pem")
-    path.write_text(pem)
-    return serial(path)
-
-
 def test_a_rotated_certificate_is_served_without_restart(pki, tmp_path):
     cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
     shutil.copy(pki["cert"], cert)
@@ -249,15 +235,15 @@ def test_a_rotated_certificate_is_served_without_restart(pki, tmp_path):
     contexts = TLSContexts(config.tls)
     server = start(Security(tls=contexts))
     try:
-        assert _served_serial(server.port, pki["ca"]) == serial(pki["cert"])
+        assert served_serial(server.port, pki["ca"]) == serial(pki["cert"])
         # Half a rotation (the certificate written before its key) does not load: the old pair stays.
         shutil.copy(pki["cert2"], cert)
-        assert _served_serial(server.port, pki["ca"]) == serial(pki["cert"])
+        assert served_serial(server.port, pki["ca"]) == serial(pki["cert"])
         shutil.copy(pki["key2"], key)
-        assert _served_serial(server.port, pki["ca"]) == serial(pki["cert2"])
+        assert served_serial(server.port, pki["ca"]) == serial(pki["cert2"])
         assert contexts.reloads == 1
         # Steady state: no rebuild per connection.
-        _served_serial(server.port, pki["ca"])
+        served_serial(server.port, pki["ca"])
         assert contexts.reloads == 1
     finally:
         server.stop()
