@@ -195,7 +195,9 @@ spec:
         - name: http
           containerPort: 8080
           protocol: TCP
+      {{- if .Values.metricsSecurity.tls.enabled }}
       # /healthz and /readyz need no credentials (over HTTPS the kubelet does not verify certificates).
+      {{- end }}
       livenessProbe:
         httpGet:
           path: /healthz
