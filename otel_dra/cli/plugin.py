@@ -303,6 +303,8 @@ def cmd_plugin(args: argparse.Namespace) -> int:
     if not args.node_name:
         raise UsageError("--node-name (or NODE_NAME) is required")
     web = web_options(args)
+    if args.metrics_port < 0 and (web.config is not None or web.authorization != "none"):
+        log.warning("--web-config-file / --authorization have no effect: /metrics is off (--metrics-port -1)")
     # As for the exporter: a prepare whose API answer has arrived waits for the GIL up to the
     # switch interval while another thread (gRPC, telemetry export) runs Python; 1 ms, not 5.
     sys.setswitchinterval(0.001)

@@ -123,6 +123,8 @@ def build_access(options: WebOptions, client: Any) -> MetricsAccess:
                 "--authorization=kubernetes without TLS (--web-config-file tls_server_config): scrapers send "
                 "their tokens in clear"
             )
+    if config is not None and config.basic_auth_users and config.tls is None:
+        log.warning("basic_auth_users without tls_server_config: scrapers send their passwords in clear")
     security = Security(
         tls=TLSContexts(config.tls) if config is not None and config.tls is not None else None,
         basic_auth=BasicAuth(config.basic_auth_users) if config is not None and config.basic_auth_users else None,
