@@ -139,6 +139,7 @@ def test_prometheus_scrapes_over_tls_with_kubernetes_authorization(
     testbed, prometheus, start_exporter_app, setup, tls_dir, plugin
 ):
     exporter = start_exporter_app(str(testbed.kubeconfig), web=_web(tls_dir))
+    wait_until(lambda: exporter.state.not_synced() is None, timeout=30, what="exporter synced")
     targets = [f"127.0.0.1:{exporter.port}", f"127.0.0.1:{plugin.metrics_port}"]
     ca, other_ca, tokens = setup["ca"].cert, setup["other_ca"].cert, setup["tokens"]
     prometheus.set_jobs(
@@ -173,7 +174,7 @@ def test_prometheus_scrapes_over_tls_with_kubernetes_authorization(
         wait_until(lambda: exporter.authorizer.api_calls == 4, timeout=10, what="4 review calls")
         wait_until(lambda: plugin.metrics_authorizer.api_calls == 4, timeout=10, what="4 review calls (plugin)")
         before = _scrape_count(prometheus)
-        wait_until(lambda: _scrape_count(prometheus) >= before + 5, timeout=30, what="5 more scrapes")
+        wait_until(lambda: _scrape_count(prometheus) >= before + 10, timeout=30, what="5 more scrapes of each")
         assert exporter.authorizer.api_calls == 4 and plugin.metrics_authorizer.api_calls == 4
         assert exporter.authorizer.cache.reviews == 2
 
