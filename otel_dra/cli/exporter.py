@@ -22,6 +22,7 @@ from otel_dra.cli.flags import (
     positive_seconds,
 )
 from otel_dra.cli.lifecycle import stop_on_signals, wait_for
+from otel_dra.cli.web import WebOptions, add_web_flags, build_access, describe, web_options
 from otel_dra.cluster.sharding import Shard, ordinal_from_pod_name
 
 log = logging.getLogger("otel_dra")
@@ -67,6 +68,7 @@ def add_parser(sub: Any) -> None:
     add_kubeconfig_flag(p)
     add_flag(p, "--address", "OTEL_DRA_ADDRESS", "listen address (default: all interfaces)", default="")
     add_flag(p, "--port", "OTEL_DRA_PORT", "listen port (0: pick a free one)", default=8080, type=int_in(0, 65535))
+    add_web_flags(p)
     add_logging_flags(p)
     add_flag(
         p,
@@ -175,6 +177,8 @@ class ExporterApp:
     state: Any
     pipeline: Any
     pusher: Any = None
+    # The Kubernetes authorizer of /metrics (--authorization=kubernetes), for its counters.
+    authorizer: Any = None
 
     @property
     def port(self) -> int:
@@ -206,6 +210,7 @@ def start_exporter(
     leak_grace: float = 600.0,
     families: Any = None,
     watch_pods: bool = True,
+    web: WebOptions | None = None,
 ) -> ExporterApp:
     from otel_dra.cluster.exporter import ClusterState
     from otel_dra.kube.client import KubeClient, load_credentials
@@ -280,13 +285,19 @@ def start_exporter(
             on_export=on_export,
             priority=priority,
         )
-    server = MetricsServer(Endpoints(scrape, state.not_synced, on_scrape, priority), address, port)
+    access = build_access(web or WebOptions(), client)
+    server = MetricsServer(Endpoints(scrape, state.not_synced, on_scrape, priority), address, port, access.security)
     state.start()
     server.start()
     if pusher is not None:
         pusher.start()
-    log.info("serving /metrics, /healthz, /readyz on %s:%d", address or "0.0.0.0", server.port)
-    return ExporterApp(server, state, pipeline, pusher)
+    log.info(
+        "serving /metrics, /healthz, /readyz on %s:%d (/metrics: %s)",
+        address or "0.0.0.0",
+        server.port,
+        describe(access),
+    )
+    return ExporterApp(server, state, pipeline, pusher, access.authorizer)
 
 
 def cmd_exporter(args: argparse.Namespace) -> int:
@@ -295,6 +306,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
 
     shard = _shard(args)
     families = _families(args)
+    web = web_options(args)
     stop = stop_on_signals()
     try:
         app = start_exporter(
@@ -309,6 +321,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
             leak_grace=args.leak_grace_period,
             families=families,
             watch_pods=args.watch_pods,
+            web=web,
         )
     except (CredentialsError, ConfigError) as exc:
         log.error("%s", exc)

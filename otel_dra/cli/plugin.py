@@ -24,6 +24,7 @@ from otel_dra.cli.flags import (
     int_in,
 )
 from otel_dra.cli.lifecycle import stop_on_signals, wait_for
+from otel_dra.cli.web import WebOptions, add_web_flags, build_access, describe, web_options
 
 log = logging.getLogger("otel_dra")
 
@@ -76,6 +77,7 @@ def add_parser(sub: Any) -> None:
         default=-1,
         type=int_in(-1, 65535),
     )
+    add_web_flags(p)
     add_flag(
         p,
         "--healthcheck-port",
@@ -115,6 +117,8 @@ class PluginApp:
     metrics_pipeline: Any
     tracing: Any
     metrics_server: Any = None
+    # The Kubernetes authorizer of /metrics (--authorization=kubernetes), for its counters.
+    metrics_authorizer: Any = None
     health: Any = None
     remove_slices_on_exit: bool = False
     fatal: BaseException | None = None
@@ -167,6 +171,7 @@ def start_plugin(
     nvml: Any = None,
     tracer_provider: Any = None,
     on_fatal: Callable[[BaseException], None] | None = None,
+    web: WebOptions | None = None,
 ) -> PluginApp:
     """Start the plugin. ``tracer_provider`` and ``nvml`` replace what the environment would give
     (tests); ``on_fatal`` is called from a background thread when the plugin cannot go on."""
@@ -268,8 +273,17 @@ def start_plugin(
             def scrape(openmetrics: bool, gzipped: bool) -> list[bytes]:
                 return assemble(pipeline.registry, [], openmetrics, gzipped)
 
-            app.metrics_server = MetricsServer(Endpoints(scrape, lambda: None), metrics_address, metrics_port).start()
-            log.info("serving metrics on %s:%d", metrics_address or "0.0.0.0", app.metrics_server.port)
+            access = build_access(web or WebOptions(), client)
+            app.metrics_authorizer = access.authorizer
+            app.metrics_server = MetricsServer(
+                Endpoints(scrape, lambda: None), metrics_address, metrics_port, access.security
+            ).start()
+            log.info(
+                "serving metrics on %s:%d (/metrics: %s)",
+                metrics_address or "0.0.0.0",
+                app.metrics_server.port,
+                describe(access),
+            )
     except BaseException:
         for part in reversed(started):
             part.stop()
@@ -288,6 +302,9 @@ def cmd_plugin(args: argparse.Namespace) -> int:
 
     if not args.node_name:
         raise UsageError("--node-name (or NODE_NAME) is required")
+    web = web_options(args)
+    if args.metrics_port < 0 and (web.config is not None or web.authorization != "none"):
+        log.warning("--web-config-file / --authorization have no effect: /metrics is off (--metrics-port -1)")
     # As for the exporter: a prepare whose API answer has arrived waits for the GIL up to the
     # switch interval while another thread (gRPC, telemetry export) runs Python; 1 ms, not 5.
     sys.setswitchinterval(0.001)
@@ -306,6 +323,7 @@ def cmd_plugin(args: argparse.Namespace) -> int:
             device_source=args.device_source,
             remove_slices_on_exit=args.remove_slices_on_exit,
             on_fatal=lambda exc: stop.set(),
+            web=web,
         )
     except (CredentialsError, ConfigError) as exc:
         log.error("%s", exc)

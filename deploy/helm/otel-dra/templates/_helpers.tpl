@@ -51,6 +51,22 @@ app.kubernetes.io/component: exporter
 {{- if and .Values.exporter.metricAllowlist .Values.exporter.metricDenylist }}
 {{- fail "exporter.metricAllowlist and exporter.metricDenylist are mutually exclusive (as --metric-allowlist and --metric-denylist are): set one of them" }}
 {{- end }}
+{{- $sec := .Values.metricsSecurity }}
+{{- if and $sec.tls.enabled (not $sec.tls.existingSecret) (not $sec.tls.certManager.enabled) }}
+{{- fail "metricsSecurity.tls.enabled needs metricsSecurity.tls.existingSecret (a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt) or metricsSecurity.tls.certManager.enabled" }}
+{{- end }}
+{{- if and $sec.tls.certManager.enabled (not $sec.tls.enabled) }}
+{{- fail "metricsSecurity.tls.certManager.enabled needs metricsSecurity.tls.enabled" }}
+{{- end }}
+{{- if and $sec.tls.certManager.enabled $sec.tls.existingSecret }}
+{{- fail "metricsSecurity.tls.certManager.enabled and metricsSecurity.tls.existingSecret are mutually exclusive: the Certificate writes its own Secret" }}
+{{- end }}
+{{- if and $sec.tls.certManager.enabled (not $sec.tls.certManager.issuerRef.name) }}
+{{- fail "metricsSecurity.tls.certManager.enabled needs metricsSecurity.tls.certManager.issuerRef.name" }}
+{{- end }}
+{{- if and .Values.podMonitor.enabled (eq $sec.authorization.mode "kubernetes") (not $sec.scraper.tokenSecret.name) }}
+{{- fail "podMonitor.enabled with metricsSecurity.authorization.mode=kubernetes needs metricsSecurity.scraper.tokenSecret.name: a PodMonitor cannot send the Prometheus pod's own token file" }}
+{{- end }}
 {{- if and .Values.rbac.useExistingRole (not .Values.rbac.existingRoleName) }}
 {{- fail "rbac.useExistingRole=true needs rbac.existingRoleName" }}
 {{- end }}
@@ -157,6 +173,9 @@ spec:
         - --shard=auto
         - --total-shards={{ .Values.sharding.shards }}
         {{- end }}
+        {{- with include "otel-dra.webArgs" . | trim }}
+        {{- . | nindent 8 }}
+        {{- end }}
       env:
         - name: POD_NAME
           valueFrom:
@@ -176,21 +195,38 @@ spec:
         - name: http
           containerPort: 8080
           protocol: TCP
+      {{- if .Values.metricsSecurity.tls.enabled }}
+      # /healthz and /readyz need no credentials (over HTTPS the kubelet does not verify certificates).
+      {{- end }}
       livenessProbe:
         httpGet:
           path: /healthz
           port: http
+          {{- if .Values.metricsSecurity.tls.enabled }}
+          scheme: HTTPS
+          {{- end }}
         periodSeconds: 10
         failureThreshold: 3
       readinessProbe:
         httpGet:
           path: /readyz
           port: http
+          {{- if .Values.metricsSecurity.tls.enabled }}
+          scheme: HTTPS
+          {{- end }}
         periodSeconds: 5
       securityContext:
         {{- toYaml .Values.securityContext | nindent 8 }}
       resources:
         {{- toYaml .Values.resources | nindent 8 }}
+      {{- with include "otel-dra.webVolumeMounts" . | trim }}
+      volumeMounts:
+        {{- . | nindent 8 }}
+      {{- end }}
+  {{- with include "otel-dra.webVolumes" . | trim }}
+  volumes:
+    {{- . | nindent 4 }}
+  {{- end }}
   {{- with .Values.nodeSelector }}
   nodeSelector:
     {{- toYaml . | nindent 4 }}
@@ -258,6 +294,130 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- with .Values.otlp.headers }}
 - name: OTEL_EXPORTER_OTLP_HEADERS
   value: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* --- /metrics security (metricsSecurity), the exporter and the plugin alike ------------------- */}}
+
+{{- define "otel-dra.metricsTLS" -}}
+{{- if .Values.metricsSecurity.tls.enabled }}true{{ end }}
+{{- end }}
+
+{{- define "otel-dra.metricsAuthz" -}}
+{{- if eq .Values.metricsSecurity.authorization.mode "kubernetes" }}true{{ end }}
+{{- end }}
+
+{{/* The Secret with tls.crt, tls.key and ca.crt: metricsSecurity.tls.existingSecret, else the one
+     the cert-manager Certificate writes. */}}
+{{- define "otel-dra.metricsTLSSecret" -}}
+{{- default (printf "%s-metrics-tls" (include "otel-dra.fullname" .)) .Values.metricsSecurity.tls.existingSecret }}
+{{- end }}
+
+{{/* "true" when the pods get a --web-config-file (TLS or extra headers). */}}
+{{- define "otel-dra.webConfig" -}}
+{{- if or .Values.metricsSecurity.tls.enabled .Values.metricsSecurity.headers }}true{{ end }}
+{{- end }}
+
+{{- define "otel-dra.webConfigName" -}}
+{{- printf "%s-web-config" (include "otel-dra.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The web config file (exporter-toolkit format) the ConfigMap carries. */}}
+{{- define "otel-dra.webConfigFile" -}}
+{{- $s := .Values.metricsSecurity }}
+{{- $file := dict }}
+{{- if $s.tls.enabled }}
+{{- $tls := dict "cert_file" "/etc/otel-dra/tls/tls.crt" "key_file" "/etc/otel-dra/tls/tls.key" "min_version" $s.tls.minVersion }}
+{{- with $s.tls.cipherSuites }}
+{{- $_ := set $tls "cipher_suites" . }}
+{{- end }}
+{{- $_ := set $file "tls_server_config" $tls }}
+{{- end }}
+{{- with $s.headers }}
+{{- $_ := set $file "http_server_config" (dict "headers" .) }}
+{{- end }}
+{{- toYaml $file }}
+{{- end }}
+
+{{/* Container args for metricsSecurity (exporter and plugin). */}}
+{{- define "otel-dra.webArgs" -}}
+{{- if include "otel-dra.webConfig" . }}
+- --web-config-file=/etc/otel-dra/web/web-config.yml
+{{- end }}
+{{- if include "otel-dra.metricsAuthz" . }}
+- --authorization=kubernetes
+- --authorization-allow-ttl={{ .Values.metricsSecurity.authorization.allowTTL }}
+- --authorization-deny-ttl={{ .Values.metricsSecurity.authorization.denyTTL }}
+{{- end }}
+{{- end }}
+
+{{- define "otel-dra.webVolumeMounts" -}}
+{{- if include "otel-dra.webConfig" . }}
+- name: web-config
+  mountPath: /etc/otel-dra/web
+  readOnly: true
+{{- end }}
+{{- if include "otel-dra.metricsTLS" . }}
+# A whole-directory Secret mount (no subPath): the kubelet swaps renewed files in, and the server
+# re-reads them at the next connection.
+- name: metrics-tls
+  mountPath: /etc/otel-dra/tls
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "otel-dra.webVolumes" -}}
+{{- if include "otel-dra.webConfig" . }}
+- name: web-config
+  configMap:
+    name: {{ include "otel-dra.webConfigName" . }}
+{{- end }}
+{{- if include "otel-dra.metricsTLS" . }}
+- name: metrics-tls
+  secret:
+    secretName: {{ include "otel-dra.metricsTLSSecret" . }}
+{{- end }}
+{{- end }}
+
+{{/* RBAC rules the exporter and the plugin need for --authorization=kubernetes. */}}
+{{- define "otel-dra.reviewRules" -}}
+{{- if include "otel-dra.metricsAuthz" . }}
+# --authorization=kubernetes: checking a scraper's token (TokenReview) and whether its user may get
+# /metrics (SubjectAccessReview).
+- apiGroups: ["authentication.k8s.io"]
+  resources: ["tokenreviews"]
+  verbs: ["create"]
+- apiGroups: ["authorization.k8s.io"]
+  resources: ["subjectaccessreviews"]
+  verbs: ["create"]
+{{- end }}
+{{- end }}
+
+{{/* A monitor endpoint's scheme, TLS and credentials; pass (dict "ctx" $ "serverName" "<svc>.<ns>.svc"
+     "kind" "ServiceMonitor"|"PodMonitor"). */}}
+{{- define "otel-dra.monitorSecurity" -}}
+{{- $ := .ctx }}
+{{- $s := $.Values.metricsSecurity }}
+{{- if $s.tls.enabled }}
+scheme: https
+tlsConfig:
+  serverName: {{ .serverName }}
+  ca:
+    secret:
+      name: {{ include "otel-dra.metricsTLSSecret" $ }}
+      key: ca.crt
+{{- end }}
+{{- if include "otel-dra.metricsAuthz" $ }}
+{{- if $s.scraper.tokenSecret.name }}
+authorization:
+  type: Bearer
+  credentials:
+    name: {{ $s.scraper.tokenSecret.name }}
+    key: {{ $s.scraper.tokenSecret.key }}
+{{- else }}
+# The Prometheus pod's own ServiceAccount token.
+bearerTokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token
 {{- end }}
 {{- end }}
 {{- end }}

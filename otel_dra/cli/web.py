@@ -1,0 +1,149 @@
+"""The /metrics security flags shared by ``otel-dra exporter`` and ``otel-dra plugin``:
+``--web-config-file`` (TLS, basic auth, headers; otel_dra/telemetry/webconfig.py) and
+``--authorization=kubernetes`` (TokenReview + SubjectAccessReview; otel_dra/kube/authz.py), and
+their wiring into the metrics server's :class:`~otel_dra.telemetry.http.Security`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from otel_dra.cli.flags import UsageError, add_flag, positive_seconds
+
+log = logging.getLogger("otel_dra")
+
+AUTHORIZATION_MODES = ("none", "kubernetes")
+
+
+def add_web_flags(parser: argparse.ArgumentParser) -> None:
+    add_flag(
+        parser,
+        "--web-config-file",
+        "OTEL_DRA_WEB_CONFIG_FILE",
+        "Prometheus exporter-toolkit web config (tls_server_config, basic_auth_users, http_server_config."
+        "headers) for /metrics; certificate files are re-read when they change",
+        default=None,
+    )
+    add_flag(
+        parser,
+        "--authorization",
+        "OTEL_DRA_AUTHORIZATION",
+        "who may read /metrics: none (anyone), or kubernetes (a bearer token that a TokenReview accepts, "
+        "whose user a SubjectAccessReview allows to get the non-resource URL /metrics)",
+        default="none",
+        choices=AUTHORIZATION_MODES,
+    )
+    add_flag(
+        parser,
+        "--authorization-allow-ttl",
+        "OTEL_DRA_AUTHORIZATION_ALLOW_TTL",
+        "seconds an allowed token's review is cached (--authorization=kubernetes)",
+        default=120.0,
+        type=positive_seconds,
+    )
+    add_flag(
+        parser,
+        "--authorization-deny-ttl",
+        "OTEL_DRA_AUTHORIZATION_DENY_TTL",
+        "seconds a rejected or forbidden token's review is cached (--authorization=kubernetes)",
+        default=30.0,
+        type=positive_seconds,
+    )
+
+
+@dataclass(frozen=True)
+class WebOptions:
+    """What the flags ask of the metrics server; ``config`` is the parsed web config file."""
+
+    config: Any = None  # otel_dra.telemetry.webconfig.WebConfig | None
+    authorization: str = "none"
+    allow_ttl: float = 120.0
+    deny_ttl: float = 30.0
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.config is not None and self.config.tls is not None else "http"
+
+
+def web_options(args: argparse.Namespace) -> WebOptions:
+    """The flags' values, the web config file read and checked (an invalid one is a UsageError)."""
+    from otel_dra.telemetry.webconfig import WebConfigError, load_web_config
+
+    config = None
+    if args.web_config_file:
+        try:
+            config = load_web_config(args.web_config_file)
+        except WebConfigError as exc:
+            raise UsageError(f"--web-config-file (OTEL_DRA_WEB_CONFIG_FILE): {exc}") from None
+    return WebOptions(config, args.authorization, args.authorization_allow_ttl, args.authorization_deny_ttl)
+
+
+@dataclass
+class MetricsAccess:
+    """The metrics server's Security, and the Kubernetes authorizer behind it (None unless
+    --authorization=kubernetes), kept for its counters."""
+
+    security: Any  # otel_dra.telemetry.http.Security | None
+    authorizer: Any = None  # otel_dra.kube.authz.KubernetesAuthorizer | None
+
+
+def build_access(options: WebOptions, client: Any) -> MetricsAccess:
+    """The Security for ``options``; ``client`` (a KubeClient) sends the reviews."""
+    from otel_dra.telemetry.http import Security, TokenVerdict
+    from otel_dra.telemetry.webconfig import BasicAuth, TLSContexts
+
+    if options.authorization not in AUTHORIZATION_MODES:
+        raise UsageError(f"--authorization {options.authorization!r}: expected one of {', '.join(AUTHORIZATION_MODES)}")
+    config = options.config
+    if config is None and options.authorization == "none":
+        return MetricsAccess(None)
+    authorizer = None
+    authorize_token = None
+    if options.authorization == "kubernetes":
+        from otel_dra.kube.authz import KubernetesAuthorizer, ReviewUnavailable
+
+        authorizer = KubernetesAuthorizer(client, allow_ttl=options.allow_ttl, deny_ttl=options.deny_ttl)
+
+        def authorize_token(token: str) -> TokenVerdict:
+            try:
+                review = authorizer(token)
+            except ReviewUnavailable as exc:
+                log.warning("cannot authorize a /metrics request: %s", exc)
+                return TokenVerdict(503, str(exc))
+            if not review.authenticated:
+                return TokenVerdict(401, review.reason)
+            if not review.allowed:
+                return TokenVerdict(403, f"{review.user}: {review.reason}")
+            return TokenVerdict(200)
+
+        if config is None or config.tls is None:
+            log.warning(
+                "--authorization=kubernetes without TLS (--web-config-file tls_server_config): scrapers send "
+                "their tokens in clear"
+            )
+    if config is not None and config.basic_auth_users and config.tls is None:
+        log.warning("basic_auth_users without tls_server_config: scrapers send their passwords in clear")
+    security = Security(
+        tls=TLSContexts(config.tls) if config is not None and config.tls is not None else None,
+        basic_auth=BasicAuth(config.basic_auth_users) if config is not None and config.basic_auth_users else None,
+        authorize_token=authorize_token,
+        headers=dict(config.headers) if config is not None else {},
+    )
+    return MetricsAccess(security, authorizer)
+
+
+def describe(access: MetricsAccess) -> str:
+    """For the start-up log line: how /metrics is protected."""
+    security = access.security
+    if security is None:
+        return "http, no authentication"
+    parts = ["https" if security.tls is not None else "http"]
+    if security.basic_auth is not None:
+        parts.append("basic auth")
+    if access.authorizer is not None:
+        parts.append("Kubernetes TokenReview/SubjectAccessReview")
+    if not security.authenticates:
+        parts.append("no authentication")
+    return ", ".join(parts)
