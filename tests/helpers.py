@@ -150,6 +150,14 @@ def ready_node(client: Any, name: str) -> None:
     ensure_node(client, name)
 
 
+def declare_node_features(client: Any, name: str, *features: str) -> None:
+    """Report node features as a kubelet that has them does (status.declaredFeatures, Kubernetes
+    1.35+): kube-scheduler places a claim whose devices skip node operations only on a node that
+    declares DRAOptionalNodeOperations."""
+    body = {"status": {"declaredFeatures": list(features)}}
+    client.send_json("PATCH", f"/api/v1/nodes/{name}/status", body, "application/merge-patch+json")
+
+
 def claim_pod(name: str, namespace: str, claim: str, node: str | None = None) -> dict[str, Any]:
     """A Pod that uses an existing ResourceClaim (pinned to ``node`` through the scheduler, when given)."""
     spec: dict[str, Any] = {

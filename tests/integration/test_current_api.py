@@ -18,7 +18,7 @@ import pytest
 from otel_dra.cluster.resourceslice import DeviceAttributes
 from otel_dra.fixtures import create
 from otel_dra.kube.client import ApiError, KubeClient, load_credentials
-from tests.helpers import driver_class, parse_samples, place, ready_node, scrape, wait_until
+from tests.helpers import declare_node_features, driver_class, parse_samples, place, ready_node, scrape, wait_until
 
 NS = "current-api"
 
@@ -107,6 +107,7 @@ def test_devices_that_skip_node_operations(objects, testbed_sched, start_exporte
     client, make = objects
     driver = "skip.example.com"
     ready_node(client, "skip-node")
+    declare_node_features(client, "skip-node", "DRAOptionalNodeOperations")
     make(driver_class(driver))
     created = make(_slice("skip", driver, "skip-node", [{"name": "d0"}, {"name": "d1"}], skipNodeOperations=["*"]))
     assert created["spec"]["skipNodeOperations"] == ["*"]

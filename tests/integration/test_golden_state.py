@@ -31,6 +31,7 @@ from otel_dra.testbed.controlplane import RELEASE_SETTINGS
 from tests.helpers import (
     check_golden,
     claim_pod,
+    declare_node_features,
     parse_samples,
     pod_scheduled,
     pool_wide_counters,
@@ -59,6 +60,13 @@ OBJECTS = [
     if doc
     for shaped in shaped_for_testbed(doc)
 ]
+# Kubernetes 1.37 adds skipNodeOperations (alpha; on in the testbed): there ext's slice skips every
+# node operation, as the unit tests' world has it, so that the OTLP comparison below covers the
+# 1.37-only families too. The golden files hold what 1.34 serves, so they do not change.
+if version_key(kubernetes_release().minor) >= (1, 37):
+    for _obj in OBJECTS:
+        if _obj["kind"] == "ResourceSlice" and _obj["metadata"]["name"] == "gold-ext":
+            _obj["spec"] = {**_obj["spec"], "skipNodeOperations": ["*"]}
 NODES = ("gold-part", "gold-gen", "gold-cost", "gold-admin", "gold-taint", "gold-bind", "gold-ext")
 # Pods of the objects file (not made for a claim): ext-pod's extended-resource request.
 OBJECT_PODS = [o for o in OBJECTS if o["kind"] == "Pod"]
@@ -192,6 +200,8 @@ def golden_scrape(testbed_sched, start_exporter_app_module):
     started = time.time()
     for node in NODES:
         ready_node(client, node)
+    if version_key(kubernetes_release().minor) >= (1, 37):
+        declare_node_features(client, "gold-ext", "DRAOptionalNodeOperations")
     for obj in OBJECTS:
         _create(client, obj)
     for pod in _pods():
