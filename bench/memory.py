@@ -1,9 +1,10 @@
 """In-process memory of the exporter's cache at N claims, without an API server or HTTP.
 
-    python -m bench.memory 100000 [--otlp] [--allowlist REGEXES]
+    python -m bench.memory 100000 [--otlp] [--allowlist REGEXES] [--pods]
     python -m bench.memory 100000 --exporter-path /tmp/older-tree     # another version of otel_dra
 
-Feeds the stores of a ClusterState the bench/workload.py objects (DeviceClasses, slices, claims),
+Feeds the stores of a ClusterState the bench/workload.py objects (DeviceClasses, slices, claims;
+with --pods one Pod per claim too),
 as a full list in key order like the API server's, then joins every segment (as the first scrape,
 and with --otlp the first push, would) and reports the process's RSS growth and the time the first
 push took to join (and, from 7ee9e26 on, encode) the points. It measures the
@@ -47,8 +48,9 @@ def _objects(make: Callable[[int], dict[str, Any]], count: int, prefix: str) -> 
 
 def fill(state: Any, w: Any) -> None:
     """Feed ``state``'s ``classes``, ``slices`` and ``claims`` stores the objects of Workload ``w``,
-    each as one full list in key order (a store that is None, a resource not watched, is skipped)."""
-    from bench.workload import claim, device_class, resource_slice
+    each as one full list in key order (a store that is None, a resource not watched, is skipped);
+    with ``w.pods`` its ``pods`` store the pods."""
+    from bench.workload import claim, device_class, pod, resource_slice
 
     # The API server lists by key: namespace, then name.
     order = [j for ns in range(w.namespaces) for j in range(ns, w.claims, w.namespaces)]
@@ -56,18 +58,19 @@ def fill(state: Any, w: Any) -> None:
         (state.classes, device_class, w.classes, "d"),
         (state.slices, lambda i: resource_slice(i, w), w.slices, "s"),
         (state.claims, lambda i: claim(order[i], w), w.claims, "c"),
+        (getattr(state, "pods", None) if w.pods else None, lambda i: pod(order[i], w), w.claims, "p"),
     ):
         if store is not None:
             store.replace(_objects(make, count, prefix))
 
 
-def measure(claims: int, otlp: bool, allowlist: str = "") -> dict[str, Any]:
+def measure(claims: int, otlp: bool, allowlist: str = "", pods: bool = False) -> dict[str, Any]:
     from opentelemetry.sdk.metrics import MeterProvider
 
     from bench.workload import Workload
     from otel_dra.cluster.exporter import ClusterState
 
-    w = Workload(claims=claims, namespaces=100, classes=50)
+    w = Workload(claims=claims, namespaces=100, classes=50, pods=pods)
     options: dict[str, Any] = {}
     if allowlist:  # the version measured has metric lists
         from bench.scale import SEED_ALLOWLIST
@@ -95,6 +98,7 @@ def measure(claims: int, otlp: bool, allowlist: str = "") -> dict[str, Any]:
         "claims": claims,
         "otlp": otlp,
         "allowlist": allowlist,
+        "pods": claims if pods and getattr(state, "pods", None) is not None else 0,
         "build_s": round(build, 1),
         "first_push_points_s": round(first_push, 1),
         "body_mb": round(body / 1e6, 1),
@@ -109,16 +113,18 @@ def main() -> int:
     parser.add_argument("--otlp", action="store_true", help="also encode OTLP points (as when pushing)")
     parser.add_argument("--exporter-path", type=Path, default=None, help="measure otel_dra from this source tree")
     parser.add_argument("--allowlist", default="", help="a --metric-allowlist; seed: the seven seed families")
+    parser.add_argument("--pods", action="store_true", help="also one Pod per claim (the pods store)")
     args = parser.parse_args()
     if args.exporter_path is not None:
         from bench.scale import exporter_pythonpath
 
         cmd = [sys.executable, "-m", "bench.memory", str(args.claims), *(["--otlp"] if args.otlp else [])]
         cmd += ["--allowlist", args.allowlist] if args.allowlist else []
+        cmd += ["--pods"] if args.pods else []
         env_path = exporter_pythonpath(args.exporter_path.resolve())
         env = {**os.environ, "PYTHONPATH": f"{env_path}:{Path(__file__).resolve().parents[1]}"}
         return subprocess.run(cmd, env=env, check=False).returncode
-    print(json.dumps(measure(args.claims, args.otlp, args.allowlist)))
+    print(json.dumps(measure(args.claims, args.otlp, args.allowlist, args.pods)))
     return 0
 
 

@@ -3,7 +3,9 @@
     python -m bench.scale --claims 1000 10000 100000 [--json docs/bench-scale.json]
 
 Per size, on a fresh testbed loaded with bench/workload.py (100 namespaces, 50 DeviceClasses,
-claims/10 slices of 8 NVIDIA-shaped GPUs, every claim allocated and reserved by one pod):
+claims/10 slices of 8 NVIDIA-shaped GPUs, every claim allocated and reserved by one pod, and that
+Pod object, bound and running, with its device's health; ``--no-pods``: no Pod objects, the
+workload of the runs before issue 13's pod families):
 
 A. exporter, Prometheus only: initial sync, scrape latency (curl, plain and gzip), API requests
    per scrape, RSS, the exporter's own collection time and CPU (self-metrics);
@@ -19,7 +21,8 @@ E. the exporter of A under 100 re-allocations/s (bench/churn.py realloc: each de
    (kube_resourcepool_devices_allocated) showing it.
 
 ``--families all,seed`` runs phase A once more per further family set (seed: only the seven seed
-families, ``--metric-allowlist``), on the same loaded testbed, before the first set's phase A.
+families, ``--metric-allowlist``; that exporter watches no pods), on the same loaded testbed, before
+the first set's phase A.
 
 ``--exporter-path DIR`` runs the exporter processes from another source tree (put first on
 PYTHONPATH), e.g. an export of an older commit, to compare two versions with the same harness.
@@ -46,6 +49,7 @@ from otel_dra.cluster.exporter import SEED_FAMILIES, all_families
 from otel_dra.fixtures import create
 from otel_dra.kube.client import KubeClient, load_credentials
 from otel_dra.testbed import find_binaries, running
+from otel_dra.testbed.build import kubernetes_release
 
 
 def curl_time(port: int, gzip: bool = False) -> float:
@@ -107,6 +111,15 @@ def series_counts(body: bytes) -> dict[str, Any]:
         "series_other": other,
         "series_beyond_seed_by_family": {k: v for k, v in sorted(by_family.items()) if k in beyond},
     }
+
+
+def cache_objects(body: bytes) -> dict[str, int]:
+    """Objects in the exporter's cache by watched resource (otel_dra_cache_objects): which resources
+    it watches (the seed-only exporter must not watch pods)."""
+    out = {}
+    for m in re.finditer(rb'^otel_dra_cache_objects\{[^}]*resource="([^"]+)"[^}]*\} (\S+)$', body, re.M):
+        out[m[1].decode()] = int(float(m[2]))
+    return dict(sorted(out.items()))
 
 
 def realloc_probes(admin: KubeClient, port: int, count: int) -> list[float]:
@@ -271,6 +284,7 @@ def phase_a(
     _code, body = get(f"http://127.0.0.1:{ex.port}/metrics")
     r["series"] = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
     r.update(series_counts(body))
+    r["cache_objects"] = cache_objects(body)
     r["body_mb"] = round(len(body) / 1e6, 1)
     s, c = self_metric(ex.port, "otel_dra_collection_duration_seconds", "prometheus")
     cs, cc = self_metric(ex.port, "otel_dra_collection_cpu_time_seconds", "prometheus")
@@ -321,21 +335,30 @@ def otlp_phase(r: dict[str, Any], n: int, k: int, kubeconfig: str, workdir: Path
 
 
 def run_size(
-    n: int, k: int, workdir: Path, phases: str = "ABCD", families: tuple[str, ...] = ("all",)
+    n: int,
+    k: int,
+    workdir: Path,
+    phases: str = "ABCD",
+    families: tuple[str, ...] = ("all",),
+    pods: bool = True,
 ) -> dict[str, Any]:
-    w = Workload(claims=n, namespaces=100, classes=50)
+    w = Workload(claims=n, namespaces=100, classes=50, pods=pods)
     r: dict[str, Any] = {
         "claims": n,
+        "pods": n if pods else 0,
         "slices": w.slices,
         "devices": w.devices,
         "classes": w.classes,
         "seed_series": w.expected_series(),
+        "pod_series": w.expected_pod_series(),
     }
     with running(workdir / f"tb-{n}", binaries=find_binaries()) as tb:
         kubeconfig = str(tb.kubeconfig)
         admin = KubeClient(load_credentials(kubeconfig), max_connections=32)
-        r["load_s"] = round(load(admin, w, concurrency=16), 1)
-        print(f"[{n}] loaded in {r['load_s']}s", flush=True)
+        times: dict[str, float] = {}
+        r["load_s"] = round(load(admin, w, concurrency=16, times=times), 1)
+        r.update({f"load_{step}": round(seconds, 1) for step, seconds in times.items()})
+        print(f"[{n}] loaded in {r['load_s']}s {times}", flush=True)
 
         # A with the other family sets first (one exporter at a time), then with the first one,
         # whose exporter phases B and E go on measuring.
@@ -404,6 +427,12 @@ def main() -> int:
     parser.add_argument("--exporter-path", type=Path, default=None, help="run the exporter from this source tree")
     parser.add_argument("--pin", action="store_true", help="exporter on CPU 0, OTLP sink on CPU 1 (taskset)")
     parser.add_argument(
+        "--pods",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="create one Pod per claim (default; --no-pods: the workload of the runs before issue 13's pod families)",
+    )
+    parser.add_argument(
         "--families",
         default="all",
         help="comma-separated family sets (all; seed: --metric-allowlist of the seven seed families): phase A runs "
@@ -427,11 +456,12 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d"),
         "pinned": args.pin,
         "exporter_path": str(args.exporter_path) if args.exporter_path else None,
+        "kubernetes": kubernetes_release().version,
         "runs": [],
     }
     with tempfile.TemporaryDirectory(prefix="otel-dra-scale-") as tmp:
         for n in args.claims:
-            run = run_size(n, args.scrapes, Path(tmp), args.phases, tuple(args.families.split(",")))
+            run = run_size(n, args.scrapes, Path(tmp), args.phases, tuple(args.families.split(",")), args.pods)
             print(json.dumps(run), flush=True)
             results["runs"].append(run)
             if args.json:
