@@ -54,8 +54,8 @@ class Workload:
         return 3 * self.claims + 3 * self.devices + self.classes
 
     def expected_pod_series(self) -> int:
-        """Samples of the two pod families: one claim entry and one device (3 health states) per pod."""
-        return 4 * self.claims if self.pods else 0
+        """Samples of the two pod families: one claim entry and one device health per pod."""
+        return 2 * self.claims if self.pods else 0
 
 
 # Every TEMPLATE_EVERY-th pod (j % TEMPLATE_EVERY == 0) gets its claim from a ResourceClaimTemplate.

@@ -152,23 +152,16 @@ def _claim_info(p: Pod) -> Iterable[Sample]:
 
 
 def _health(p: Pod) -> Iterable[Sample]:
+    # One series per device, labelled with its current health (kube-state-metrics does the same for
+    # its reason families since 2.0): a state set of all three states would triple the pod
+    # families' largest share of the exposition (3 x 270 bytes per device, ~55 MB at 100,000 pods)
+    # for series that are 0. A device listed twice for one container is one series.
+    seen: dict[tuple[str, ...], None] = {}
     for d in p.health:
-        for state in HEALTH_STATES:
-            yield (
-                (
-                    p.namespace,
-                    p.name,
-                    p.uid,
-                    d.container,
-                    d.resourceclaim,
-                    d.request,
-                    d.driver,
-                    d.pool,
-                    d.device,
-                    state,
-                ),
-                1.0 if state == d.health else 0.0,
-            )
+        labels = (p.namespace, p.name, p.uid, d.container, d.resourceclaim, d.request, d.driver, d.pool, d.device)
+        if labels not in seen:
+            seen[labels] = None
+            yield (*labels, d.health), 1.0
 
 
 STATE_FAMILIES: tuple[Family[Pod], ...] = (
@@ -188,7 +181,7 @@ STATE_FAMILIES: tuple[Family[Pod], ...] = (
         "kube_pod_resourceclaim_device_health",
         "",
         "Health of each DRA device allocated to the pod's containers, as the kubelet reports it in "
-        "status.containerStatuses[].allocatedResourcesStatus (1 for the current state).",
+        "status.containerStatuses[].allocatedResourcesStatus: 1, with the current state as the health label.",
         (
             "namespace",
             "pod",

@@ -39,7 +39,7 @@ def test_pods_give_one_claim_entry_and_the_health_of_their_claims_device() -> No
             else:
                 health += count
     assert problems == []
-    assert (info, health) == (w.claims, 3 * w.claims)
+    assert (info, health) == (w.claims, w.claims)
     assert info + health == w.expected_pod_series()
     # About a real pod: 3 KB as written, 7.6 KB as the 1.37 API server serves it (defaults, managedFields).
     assert 2500 < len(json.dumps(pod(1, w))) < 6000

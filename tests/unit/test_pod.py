@@ -97,7 +97,12 @@ def test_device_health_joins_claim_and_device() -> None:
     assert unhealthy == [
         ("ml", "trainer", "u-1", "c", "trainer-gpu-abc", "dev", "gpu.example.com", "node-1", "gpu-1", "Unhealthy")
     ]
-    assert len(health) == 3 * len(pod.HEALTH_STATES)
+    # One series per device, its current health as the label: no zero-valued series.
+    assert [(labels[-2], labels[-1], value) for labels, value in health] == [
+        ("gpu-0", "Healthy", 1.0),
+        ("gpu-1", "Unhealthy", 1.0),
+        ("x", "Unknown", 1.0),
+    ]
     assert problems == []
 
 
