@@ -275,6 +275,11 @@ class _Server(ThreadingHTTPServer):
 
     def get_request(self) -> tuple[socket.socket, object]:
         sock, address = self.socket.accept()
+        # The headers and the body go out in separate writes; with Nagle's algorithm the body of a
+        # small response waits for the client's delayed ACK of the headers: ~40 ms per scrape of a
+        # small /metrics (the plugin's), 0.4 ms without.
+        with contextlib.suppress(OSError):  # not TCP (a test's socketpair)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         tls = self._security.tls if self._security is not None else None
         if tls is not None:
             # The handshake runs in the connection's thread (finish_request), not in the accept loop.

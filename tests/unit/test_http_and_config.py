@@ -173,3 +173,21 @@ def test_send_buffers_handles_partial_sends():
     a.close()
     b.close()
     assert bytes(received) == expected
+
+
+def test_connections_send_without_waiting_for_delayed_acks():
+    """Headers and body are separate writes: with Nagle's algorithm a small response's body waits
+    for the client's delayed ACK (~40 ms a scrape). Accepted sockets have TCP_NODELAY."""
+    import http.client
+    import socket
+
+    srv = MetricsServer(Endpoints(lambda openmetrics, gzipped: [], lambda: None), "127.0.0.1", 0).start()
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)
+    try:
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().read() == b"ok\n"
+        (accepted,) = srv._server._connections  # the keep-alive connection, still open
+        assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        conn.close()
+        srv.stop()
