@@ -4,6 +4,7 @@ second instance refused."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -61,7 +62,18 @@ class PluginProcess:
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(30)
+        try:
+            code = self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            # Say where it hung: its log up to now, then a traceback of every thread (SIGABRT makes
+            # faulthandler, on through PYTHONFAULTHANDLER in _env, print them), instead of only the timeout.
+            self.proc.send_signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10)
+            self.proc.kill()
+            self.proc.wait(10)
+            self._reader.join(5)
+            raise AssertionError(f"the plugin did not stop within 30 s of SIGTERM:\n{self.log()}") from None
         self._reader.join(5)
         return code
 
@@ -77,6 +89,7 @@ def _env(testbed, dirs: Dirs, node: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env.update(
         {
+            "PYTHONFAULTHANDLER": "1",  # a plugin that hangs on stop shows its threads (PluginProcess.stop)
             "NODE_NAME": node,
             "KUBECONFIG": str(testbed.kubeconfig),
             "CDI_ROOT": str(dirs.cdi),
