@@ -291,7 +291,19 @@ class KubeClient:
         headers: Mapping[str, str] | None = None,
         timeout: tuple[float, float] = (10.0, 60.0),
     ) -> Any:
-        return json.loads(self.request("GET", path, query=query, headers=headers, timeout=timeout).data)
+        return json.loads(self.get_bytes(path, query, headers=headers, timeout=timeout))
+
+    def get_bytes(
+        self,
+        path: str,
+        query: Mapping[str, str | int] | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: tuple[float, float] = (10.0, 60.0),
+    ) -> bytes:
+        """The raw body of a GET (the reflector decodes list pages itself)."""
+        data: bytes = self.request("GET", path, query=query, headers=headers, timeout=timeout).data
+        return data
 
     def send_json(self, method: str, path: str, body: Any, content_type: str = "application/json") -> Any:
         return json.loads(self.request(method, path, body=body, content_type=content_type).data)

@@ -26,6 +26,7 @@ import contextlib
 import json
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -71,6 +72,10 @@ class ReflectorEvents(Protocol):
 
 class _Gone(Exception):
     """Our resourceVersion is too old: relist."""
+
+
+class _Stopped(Exception):
+    """stop() was asked for during a list: the list ends at the next page."""
 
 
 class _Unavailable(Exception):
@@ -228,6 +233,8 @@ class Reflector:
                 log.info("%s: resourceVersion %s expired, relisting", self.resource.plural, resource_version)
                 resource_version, relist_reason = None, "expired"
                 continue
+            except _Stopped:
+                break
             except _Unavailable as exc:
                 self._set_unavailable(str(exc))
                 resource_version, relist_reason = None, "initial"
@@ -287,30 +294,51 @@ class Reflector:
                 raise _Unavailable("not served by the API server (not found by API discovery)")
             self.resource = found
 
+        def fetch(token: str | None) -> bytes:
+            query: dict[str, str | int] = {"limit": self.page_size}
+            if self.field_selector:
+                query["fieldSelector"] = self.field_selector
+            if token:
+                query["continue"] = token
+            return self.client.get_bytes(self.resource.path, query)
+
         def items() -> Iterator[dict[str, Any]]:
             nonlocal resource_version, count
-            token: str | None = None
+            pending: _Prefetch | None = None
             try:
+                raw = fetch(None)
                 while True:
-                    query: dict[str, str | int] = {"limit": self.page_size}
-                    if self.field_selector:
-                        query["fieldSelector"] = self.field_selector
-                    if token:
-                        query["continue"] = token
-                    page = self.client.get_json(self.resource.path, query)
+                    # The next page is asked for while this one is decoded and handed over (the wait
+                    # for the API server releases the GIL); the token is read from the head of the
+                    # raw page, and checked against the decoded one.
+                    ahead = _head_continue(raw)
+                    if ahead and not self._stop.is_set():
+                        pending = _Prefetch(fetch, ahead, f"reflector-{self.resource.plural}-prefetch")
+                    page = json.loads(raw)
+                    del raw
                     meta = page.get("metadata") or {}
                     if not resource_version:
                         resource_version = str(meta.get("resourceVersion", ""))
                     page_items = page.get("items") or []
                     token = meta.get("continue") or None
                     del page
+                    if pending is not None and pending.token != token:  # not the page we need
+                        pending.discard()
+                        pending = None
                     if isinstance(page_items, list):
                         for item in page_items:
                             if isinstance(item, dict):
                                 count += 1
                                 yield item
+                    del page_items
                     if not token:
                         return
+                    if self._stop.is_set():
+                        raise _Stopped()
+                    if pending is not None:
+                        raw, pending = pending.result(), None
+                    else:
+                        raw = fetch(token)
             except ApiError as exc:
                 if self.events:
                     self.events.list_error(self.resource.plural, exc.status)
@@ -324,6 +352,9 @@ class Reflector:
                 if self.events:
                     self.events.list_error(self.resource.plural, 200)
                 raise ApiError(200, f"list answered malformed JSON: {exc}") from exc
+            finally:
+                if pending is not None:
+                    pending.discard()
 
         self.handler.replace(items())
         log.info("%s: listed %d objects at resourceVersion %s", self.resource.plural, count, resource_version)
@@ -406,3 +437,58 @@ def _lines(resp: urllib3.BaseHTTPResponse) -> Iterator[bytes]:
                 yield line
     if buffer.strip():
         yield buffer
+
+
+# The head of a list answer as the API server writes it (Go's encoding/json: fields in struct order,
+# no spaces): kind, apiVersion, then metadata, a flat object (resourceVersion, continue,
+# remainingItemCount), before the items.
+_HEAD = re.compile(rb'\{(?:"(?:kind|apiVersion)":"[^"\\]*",)*"metadata":(\{[^{}]*\}),"items":')
+_HEAD_BYTES = 4096
+
+
+def _head_continue(raw: bytes) -> str | None:
+    """The continue token of a raw list page, read from its head without decoding the items; None
+    when there is none or the head is not in the expected shape (the caller then waits for the
+    full decode). JSON escapes in the metadata are decoded by json itself."""
+    m = _HEAD.match(raw, 0, _HEAD_BYTES)
+    if m is None:
+        return None
+    try:
+        meta = json.loads(m[1])
+    except ValueError:
+        return None
+    token = meta.get("continue") if isinstance(meta, dict) else None
+    return token if isinstance(token, str) and token else None
+
+
+class _Prefetch:
+    """One list page fetched in a thread of its own; ``result()`` returns it or raises what the
+    fetch raised."""
+
+    def __init__(self, fetch: Callable[[str], bytes], token: str, name: str) -> None:
+        self.token = token
+        self._fetch = fetch
+        self._data: bytes | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._data = self._fetch(self.token)
+        except BaseException as exc:  # handed to the list thread, which raises it in order
+            self._error = exc
+
+    def result(self) -> bytes:
+        self._thread.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        data, self._data = self._data, None
+        assert data is not None
+        return data
+
+    def discard(self) -> None:
+        """Wait for the fetch (no thread is left behind) and drop what it got."""
+        self._thread.join()
+        self._data = self._error = None

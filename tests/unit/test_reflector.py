@@ -34,12 +34,13 @@ class _Client:
         self.lists, self.watches, self.done = list(lists), list(watches), done
         self.calls = []
 
-    def get_json(self, path, query):
+    def get_bytes(self, path, query):
         self.calls.append(("list", dict(query)))
         page = self.lists.pop(0)
         if isinstance(page, Exception):
             raise page
-        return page
+        # As the API server writes it (no spaces), so that the reflector reads ahead.
+        return page if isinstance(page, bytes) else json.dumps(page, separators=(",", ":")).encode()
 
     def request(self, method, path, *, query, stream, timeout):
         self.calls.append(("watch", dict(query)))
@@ -320,3 +321,130 @@ def test_the_discovered_version_is_logged_once_and_again_when_it_changes(caplog)
         "devicetaintrules: served at resource.k8s.io/v1 (found by API discovery), watching it",
     ]
     assert reflector.resource == ga
+
+
+# --- the list reads ahead: page N+1 is asked for while page N is decoded and handed over ---------
+
+
+def _page(names, cont=None, rv="10"):
+    meta = {"resourceVersion": rv, **({"continue": cont} if cont else {})}
+    return {
+        "kind": "DeviceClassList",
+        "apiVersion": "resource.k8s.io/v1",
+        "metadata": meta,
+        "items": [_obj(n, "1") for n in names],
+    }
+
+
+class _Recording(_Handler):
+    """Notes, for each object handed over, how many list requests had been made by then."""
+
+    def __init__(self, client):
+        super().__init__()
+        self.client, self.seen = client, []
+
+    def replace(self, objects):
+        def noted():
+            for o in objects:
+                self.seen.append((o["metadata"]["name"], sum(kind == "list" for kind, _ in self.client.calls)))
+                yield o
+
+        super().replace(noted())
+
+
+def _run_with(client, handler, events=None):
+    reflector = Reflector(client, RT, handler, events=events, page_size=2, backoff=(0.001, 0.002), stale_after=60)
+    thread = threading.Thread(target=reflector.run, daemon=True)
+    thread.start()
+    assert client.done.wait(5)
+    reflector.stop()
+    thread.join(5)
+    assert not thread.is_alive()
+    return reflector
+
+
+def test_list_asks_for_the_next_page_before_handing_over_this_one_and_keeps_the_order():
+    done = threading.Event()
+    client = _Client([_page("ab", "t1"), _page("cd", "t2"), _page("e")], [], done)
+    handler = _Recording(client)
+    _run_with(client, handler)
+    # Page 2 was asked for before "a" was handed over, page 3 before "c"; the last page asks for nothing.
+    assert handler.seen == [("a", 2), ("b", 2), ("c", 3), ("d", 3), ("e", 3)]
+    assert [q.get("continue") for kind, q in client.calls if kind == "list"] == [None, "t1", "t2"]
+    assert list(handler.objects) == ["a", "b", "c", "d", "e"]
+
+
+def test_an_error_on_a_read_ahead_page_comes_after_the_pages_before_it():
+    done = threading.Event()
+    lists = [_page("ab", "t1"), ApiError(500, "boom"), _page("ab", "t1"), _page("c")]
+    client, events = _Client(lists, [], done), _Events()
+    handler = _Recording(client)
+    _run_with(client, handler, events)
+    assert [name for name, _ in handler.seen] == ["a", "b", "a", "b", "c"]  # the first list failed after "b"
+    assert ("list_error", 500) in events.seen
+    assert list(handler.objects) == ["a", "b", "c"]
+
+
+def test_gone_and_malformed_json_on_a_read_ahead_page():
+    done = threading.Event()
+    lists = [_page("ab", "t1"), ApiError(410, "Gone"), _page("ab", "t1"), b'{"metadata":{}, "items": [', _page("z")]
+    client, events = _Client(lists, [], done), _Events()
+    handler = _Handler()
+    _run_with(client, handler, events)
+    assert ("relist", "expired") in events.seen  # 410 mid-list: listed again
+    assert ("list_error", 410) in events.seen and ("list_error", 200) in events.seen
+    assert list(handler.objects) == ["z"]
+
+
+def test_a_head_that_disagrees_with_the_decoded_page_is_not_trusted():
+    """Only the decoded page says which page comes next (here a duplicate key: json keeps the last)."""
+    done = threading.Event()
+    odd = b'{"metadata":{"continue":"wrong"},"items":[{"metadata":{"name":"a"}}],"metadata":{"continue":"t1"}}'
+    client = _Client([odd, b"", _page("b")], [], done)  # b"": the answer to "wrong", dropped unread
+    handler = _Handler()
+    _run_with(client, handler)
+    assert [q.get("continue") for kind, q in client.calls if kind == "list"] == [None, "wrong", "t1"]
+    assert list(handler.objects) == ["a", "b"]
+
+
+def test_the_continue_token_read_from_the_head_of_a_page():
+    from otel_dra.kube.reflector import _head_continue
+
+    assert (
+        _head_continue(
+            b'{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"5","continue":"eyJ2Ijo_-"},"items":['
+        )
+        == "eyJ2Ijo_-"
+    )
+    assert _head_continue(b'{"metadata":{"continue":"a\\u002bb\\"c"},"items":[]}') == 'a+b"c'  # JSON escapes decoded
+    assert _head_continue(b'{"metadata":{"resourceVersion":"5"},"items":[]}') is None  # the last page
+    assert _head_continue(b'{"metadata":{"x":{"continue":"t"}},"items":[]}') is None  # not flat: decode first
+    assert _head_continue(b'{ "metadata": {"continue": "t"}, "items": []}') is None  # not as Go writes it
+    assert _head_continue(b'{"kind":"X","items":[],"metadata":{"continue":"t"}}') is None  # items first
+    assert _head_continue(b'{"metadata":{"continue":"t",},"items":[]}') is None  # malformed metadata
+    assert _head_continue(b"[]") is None
+
+
+def test_stop_during_a_list_ends_it_at_the_next_page_and_leaves_no_thread():
+    release, asked = threading.Event(), threading.Event()
+
+    class Blocking(_Client):
+        def get_bytes(self, path, query):
+            if query.get("continue") == "t1":
+                asked.set()
+                assert release.wait(5)
+            return super().get_bytes(path, query)
+
+    done = threading.Event()
+    client = Blocking([_page("ab", "t1"), _page("cd", "t2"), _page("e")], [], done)
+    handler = _Handler()
+    reflector = Reflector(client, RT, handler, page_size=2, backoff=(0.001, 0.002)).start()
+    assert asked.wait(5)
+    reflector.request_stop()
+    release.set()
+    reflector.stop()
+    assert reflector._thread is not None and not reflector._thread.is_alive()
+    assert [q.get("continue") for kind, q in client.calls if kind == "list"] == [None, "t1"]  # not page 3
+    assert handler.replaced == 1 and handler.objects == {}  # the handler saw the list fail, not complete
+    assert not reflector.state().has_synced
+    assert not [t for t in threading.enumerate() if t.name.endswith("-prefetch")]
