@@ -177,6 +177,7 @@ def operator_crds(testbed):
         {"sets": []},
         {"sets": ["sharding.enabled=true", "sharding.shards=4", "podMonitor.enabled=true"]},
         {"values": True},
+        {"sets": ["namespace=dra-elsewhere", "networkPolicy.enabled=true", "podDisruptionBudget.enabled=true"]},
         {
             "sets": [
                 "serviceMonitor.enabled=true",
@@ -190,6 +191,7 @@ def operator_crds(testbed):
 )
 def test_server_side_dry_run(helm, testbed, operator_crds, profile):
     testbed.kubectl("create", "namespace", "monitoring", check=False)
+    testbed.kubectl("create", "namespace", "dra-elsewhere", check=False)
     docs = render(helm, *profile.get("sets", []), values=[PROD_VALUES] if profile.get("values") else None)
     _apply(testbed, docs, "--dry-run=server")
 
@@ -314,11 +316,20 @@ def test_monitors_rules_networkpolicy_pdb(helm):
     }
     [np] = kinds["NetworkPolicy"]
     assert np["spec"]["policyTypes"] == ["Ingress", "Egress"]
-    assert np["spec"]["ingress"][0]["ports"] == [{"port": "http", "protocol": "TCP"}]
+    # As the kube-dra-exporter chart: only Prometheus pods of the exporter's own namespace (a peer
+    # with a podSelector and no namespaceSelector selects pods in the policy's namespace).
+    assert np["spec"]["ingress"] == [
+        {
+            "from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}],
+            "ports": [{"port": "http", "protocol": "TCP"}],
+        }
+    ]
+    assert np["metadata"]["namespace"] == "monitoring"
     egress_ports = {(p["port"], p["protocol"]) for r in np["spec"]["egress"] for p in r["ports"]}
     assert egress_ports == {(443, "TCP"), (6443, "TCP"), (53, "UDP"), (53, "TCP")}
+    assert all("to" not in r for r in np["spec"]["egress"])  # any destination
     [pdb] = kinds["PodDisruptionBudget"]
-    assert pdb["spec"] == {"maxUnavailable": 1, "selector": pdb["spec"]["selector"]}
+    assert pdb["spec"] == {"minAvailable": 1, "selector": pdb["spec"]["selector"]}  # the seed's default
     assert "PodMonitor" not in _render_with(helm, "serviceMonitor.enabled=true")
     [pm] = _render_with(helm, "podMonitor.enabled=true")["PodMonitor"]
     assert pm["spec"]["podMetricsEndpoints"][0]["relabelings"][0]["replacement"] == "rel-otel-dra"
@@ -335,9 +346,13 @@ def test_networkpolicy_empty_lists_deny(helm):
 @pytest.mark.parametrize(
     ("sets", "expected"),
     [
-        (["podDisruptionBudget.minAvailable=0", "podDisruptionBudget.maxUnavailable=null"], {"minAvailable": 0}),
+        ([], {"minAvailable": 1}),
+        (["podDisruptionBudget.minAvailable=0"], {"minAvailable": 0}),
+        (["podDisruptionBudget.minAvailable=2"], {"minAvailable": 2}),
+        (["podDisruptionBudget.minAvailable=50%"], {"minAvailable": "50%"}),
         (["podDisruptionBudget.maxUnavailable=50%"], {"maxUnavailable": "50%"}),
         (["podDisruptionBudget.maxUnavailable=0"], {"maxUnavailable": 0}),
+        (["podDisruptionBudget.maxUnavailable=1"], {"maxUnavailable": 1}),
     ],
 )
 def test_pdb_forms(helm, sets, expected):
@@ -349,7 +364,22 @@ def test_pdb_forms(helm, sets, expected):
     ("sets", "message"),
     [
         (["serviceMonitor.enabled=true", "podMonitor.enabled=true"], "mutually exclusive"),
-        (["podDisruptionBudget.enabled=true", "podDisruptionBudget.minAvailable=1"], "exactly one"),
+        (
+            [
+                "podDisruptionBudget.enabled=true",
+                "podDisruptionBudget.minAvailable=1",
+                "podDisruptionBudget.maxUnavailable=1",
+            ],
+            "not both",
+        ),
+        (["rbac.useExistingRole=true"], "needs rbac.existingRoleName"),
+        (["rbac.useExistingRole=a", "rbac.existingRoleName=b"], "name different ClusterRoles"),
+        (["rbac.useExistingRole=a/b"], "useExistingRole"),
+        (["namespace=Not_A_Namespace"], "namespace"),
+        (["extraArgs={--port=9090}"], "extraArgs is not supported"),
+        (["featureGates.Foo=true"], "featureGates is not supported"),
+        (["maxConcurrentChallenges=60"], "maxConcurrentChallenges is an obsolete option"),
+        (["extraVolumeMounts[0].name=x"], "mountPath"),
         (["podDisruptionBudget.maxUnavailable=150%"], "maxUnavailable"),
         (["serviceMonitor.interval=often"], "interval"),
     ],
@@ -364,11 +394,209 @@ def test_prod_values_profile(helm):
     [deploy] = kinds["Deployment"]
     assert deploy["spec"]["replicas"] == 2
     assert kinds["PodDisruptionBudget"][0]["spec"]["minAvailable"] == 1
+    # The production profile opens the policy to Prometheus pods of the monitoring namespace, in
+    # one `from` item (both selectors must match), whatever namespace the exporter runs in.
+    [np] = _by_kind(render(helm, namespace="exporter", values=[PROD_VALUES]))["NetworkPolicy"]
+    assert np["metadata"]["namespace"] == "exporter"
+    assert np["spec"]["ingress"] == [
+        {
+            "from": [
+                {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+                }
+            ],
+            "ports": [{"port": "http", "protocol": "TCP"}],
+        }
+    ]
+    # Shipped profiles leave the image tag to appVersion and pin no digest (the seed's release rule).
+    assert _exporter_container(render(helm, values=[PROD_VALUES]))["image"] == "ghcr.io/otel-dra/otel-dra:0.1.0"
     [plugin] = kinds["DaemonSet"]
     assert plugin["spec"]["template"]["spec"]["priorityClassName"] == "system-node-critical"
     assert len(kinds["ServiceMonitor"]) == 2  # the exporter's and the plugins'
     [dashboards] = kinds["ConfigMap"]
     assert dashboards["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+# --- the kube-dra-exporter chart's values (the seed chart): same names, same effect ---------------
+
+# Objects the chart renders that have no namespace.
+CLUSTER_SCOPED = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "DeviceClass",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
+EVERYTHING_ON = [
+    "plugin.enabled=true",
+    "dashboards.enabled=true",
+    "serviceMonitor.enabled=true",
+    "prometheusRule.enabled=true",
+    "networkPolicy.enabled=true",
+    "podDisruptionBudget.enabled=true",
+    "metricsSecurity.tls.enabled=true",
+    "metricsSecurity.tls.certManager.enabled=true",
+    "metricsSecurity.tls.certManager.issuerRef.name=ca",
+    "metricsSecurity.authorization.mode=kubernetes",
+    "metricsSecurity.scraper.serviceAccounts[0].name=prometheus",
+    "metricsSecurity.scraper.serviceAccounts[0].namespace=monitoring",
+]
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["deployment", "sharded"])
+def test_namespace_value_moves_every_namespaced_object(helm, sharded):
+    sets = [*EVERYTHING_ON, "namespace=dra-elsewhere"] + (["sharding.enabled=true"] if sharded else [])
+    docs = render(helm, *sets, namespace="monitoring")  # the release namespace stays monitoring
+    kinds = _by_kind(docs)
+    assert {"Deployment" if not sharded else "StatefulSet", "DaemonSet", "Certificate", "ConfigMap"} <= set(kinds)
+    for doc in docs:
+        where = f"{doc['kind']}/{doc['metadata']['name']}"
+        if doc["kind"] in CLUSTER_SCOPED:
+            assert "namespace" not in doc["metadata"], where
+        else:
+            assert doc["metadata"].get("namespace") == "dra-elsewhere", where
+    # Everything that names the namespace follows it.
+    for binding in kinds["ClusterRoleBinding"]:
+        for subject in binding["subjects"]:
+            expected = "monitoring" if binding["metadata"]["name"].endswith("-metrics-reader") else "dra-elsewhere"
+            assert subject["namespace"] == expected, binding["metadata"]["name"]
+    [vap] = kinds["ValidatingAdmissionPolicy"]
+    assert (
+        "system:serviceaccount:dra-elsewhere:rel-otel-dra-kubeletplugin"
+        in vap["spec"]["matchConditions"][0]["expression"]
+    )
+    for monitor in kinds["ServiceMonitor"]:
+        assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["dra-elsewhere"]}
+        assert monitor["spec"]["endpoints"][0]["tlsConfig"]["serverName"].endswith(".dra-elsewhere.svc")
+    [cert] = kinds["Certificate"]
+    assert "rel-otel-dra.dra-elsewhere.svc" in cert["spec"]["dnsNames"]
+    assert not [n for n in cert["spec"]["dnsNames"] if "monitoring" in n]
+    # dashboards.namespace still wins for the dashboard ConfigMap.
+    [dash] = _by_kind(render(helm, "dashboards.enabled=true", "namespace=a", "dashboards.namespace=grafana"))[
+        "ConfigMap"
+    ]
+    assert dash["metadata"]["namespace"] == "grafana"
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        ["rbac.useExistingRole=my-dra-reader"],  # the kube-dra-exporter chart's form
+        ["rbac.useExistingRole=true", "rbac.existingRoleName=my-dra-reader"],  # ours, kept
+        ["rbac.useExistingRole=my-dra-reader", "rbac.existingRoleName=my-dra-reader"],
+    ],
+)
+def test_use_existing_role_binds_it_and_creates_no_role(helm, sets):
+    kinds = _by_kind(render(helm, *sets))
+    assert "ClusterRole" not in kinds
+    [binding] = kinds["ClusterRoleBinding"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "my-dra-reader",
+    }
+    # rbac.create=false: no role and no binding either.
+    assert not {"ClusterRole", "ClusterRoleBinding"} & set(_by_kind(render(helm, *sets, "rbac.create=false")))
+    # useExistingRole false or empty: the chart's own role.
+    for off in ("rbac.useExistingRole=false", "rbac.useExistingRole="):
+        [binding] = _by_kind(render(helm, off))["ClusterRoleBinding"]
+        assert binding["roleRef"]["name"] == "rel-otel-dra"
+
+
+# A values file written for the kube-dra-exporter chart, in the names its README documents.
+SEED_VALUES = {
+    "namespace": "dra-seed",
+    "replicaCount": 2,
+    "rbac": {"create": True, "useClusterRole": True, "useExistingRole": "kube-dra-exporter-role"},
+    "podDisruptionBudget": {"enabled": True},
+    "networkPolicy": {"enabled": True},
+    "extraArgs": [],
+    "featureGates": {},
+    "extraEnv": [{"name": "KUBECONFIG", "value": "/etc/kube/a:/etc/kube/b"}],
+    "image": {"tag": ""},
+}
+
+
+def test_kube_dra_exporter_values_keep_working(helm, testbed, tmp_path):
+    values = tmp_path / "kube-dra-exporter-values.yaml"
+    values.write_text(yaml.safe_dump(SEED_VALUES))
+    docs = render(helm, release="kube-dra-exporter", namespace="default", values=[values])
+    kinds = _by_kind(docs)
+    # namespace: every namespaced object moves there.
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] not in CLUSTER_SCOPED} == {"dra-seed"}
+    # rbac.useExistingRole=<name>: that role is bound, none of ours is created.
+    assert "ClusterRole" not in kinds
+    [binding] = kinds["ClusterRoleBinding"]
+    assert binding["roleRef"]["name"] == "kube-dra-exporter-role"
+    # podDisruptionBudget.enabled: minAvailable 1.
+    [pdb] = kinds["PodDisruptionBudget"]
+    assert {k: v for k, v in pdb["spec"].items() if k != "selector"} == {"minAvailable": 1}
+    # networkPolicy.enabled: Prometheus pods of the exporter's namespace only, on TCP http.
+    [np] = kinds["NetworkPolicy"]
+    assert np["spec"]["ingress"][0]["from"] == [
+        {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    ]
+    assert np["spec"]["ingress"][0]["ports"] == [{"port": "http", "protocol": "TCP"}]
+    [deploy] = kinds["Deployment"]
+    assert deploy["spec"]["replicas"] == 2 and deploy["spec"]["strategy"]["type"] == "RollingUpdate"
+    container = _exporter_container(docs)
+    assert {"name": "KUBECONFIG", "value": "/etc/kube/a:/etc/kube/b"} in container["env"]
+    assert container["image"].endswith(":0.1.0")
+    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    # On a real API server: the ServiceAccount gets exactly the existing role's permissions.
+    testbed.kubectl("create", "namespace", "dra-seed", check=False)
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "kube-dra-exporter-role"},
+        "rules": [
+            {
+                "apiGroups": ["resource.k8s.io"],
+                "resources": ["resourceclaims", "resourceslices", "deviceclasses"],
+                "verbs": ["list", "watch"],
+            }
+        ],
+    }
+    _apply(testbed, [role, *docs])
+    sa = "system:serviceaccount:dra-seed:kube-dra-exporter-otel-dra"
+
+    def can(verb: str, resource: str) -> bool:
+        result = testbed.kubectl("auth", "can-i", verb, resource, "--as", sa, "--all-namespaces", check=False)
+        return result.stdout.strip() == "yes"
+
+    for resource in (
+        "resourceclaims.resource.k8s.io",
+        "resourceslices.resource.k8s.io",
+        "deviceclasses.resource.k8s.io",
+    ):
+        assert can("list", resource) and can("watch", resource)
+    assert not can("list", "pods")  # not in the existing role, and no role of ours adds it
+    assert testbed.kubectl("get", "clusterrole", "kube-dra-exporter-otel-dra", check=False).returncode != 0
+
+
+def test_extra_volumes_and_mounts(helm, tmp_path):
+    values = tmp_path / "v.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "extraVolumes": [{"name": "kube", "secret": {"secretName": "kubeconfig"}}],
+                "extraVolumeMounts": [{"name": "kube", "mountPath": "/etc/kube", "readOnly": True}],
+                "extraEnv": [{"name": "KUBECONFIG", "value": "/etc/kube/config"}],
+            }
+        )
+    )
+    for sets in ([], ["metricsSecurity.tls.enabled=true", "metricsSecurity.tls.existingSecret=tls"]):
+        docs = render(helm, *sets, values=[values])
+        [deploy] = _by_kind(docs)["Deployment"]
+        pod = deploy["spec"]["template"]["spec"]
+        assert {"name": "kube", "secret": {"secretName": "kubeconfig"}} in pod["volumes"]
+        mounts = _exporter_container(docs)["volumeMounts"]
+        assert {"name": "kube", "mountPath": "/etc/kube", "readOnly": True} in mounts
+        assert len(mounts) == (3 if sets else 1)  # web config and TLS mounts kept
+    [deploy] = _by_kind(render(helm))["Deployment"]
+    assert "volumes" not in deploy["spec"]["template"]["spec"]
+    assert "volumeMounts" not in _exporter_container(render(helm))
 
 
 def test_alert_rules_pass_promtool(helm, tmp_path):

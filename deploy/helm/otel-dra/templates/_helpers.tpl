@@ -15,6 +15,28 @@
 {{- end }}
 {{- end }}
 
+{{/* The namespace of every namespaced object of the chart: the `namespace` value (the
+     kube-dra-exporter chart's name for it), else the release namespace. It moves the resources
+     only: the exporter still watches claims in every namespace. */}}
+{{- define "otel-dra.namespace" -}}
+{{- default .Release.Namespace .Values.namespace }}
+{{- end }}
+
+{{/* The existing ClusterRole to bind instead of the chart's own, or "" for the chart's own:
+     rbac.useExistingRole=<name> (the kube-dra-exporter chart's form), or
+     rbac.useExistingRole=true with rbac.existingRoleName. */}}
+{{- define "otel-dra.existingRole" -}}
+{{- $use := .Values.rbac.useExistingRole }}
+{{- if kindIs "string" $use }}
+{{- if and $use .Values.rbac.existingRoleName (ne $use .Values.rbac.existingRoleName) }}
+{{- fail (printf "rbac.useExistingRole=%s and rbac.existingRoleName=%s name different ClusterRoles: set one of them" $use .Values.rbac.existingRoleName) }}
+{{- end }}
+{{- $use }}
+{{- else if $use }}
+{{- required "rbac.useExistingRole=true needs rbac.existingRoleName (or set rbac.useExistingRole to the ClusterRole's name)" .Values.rbac.existingRoleName }}
+{{- end }}
+{{- end }}
+
 {{- define "otel-dra.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{ include "otel-dra.selectorLabels" . }}
@@ -67,8 +89,17 @@ app.kubernetes.io/component: exporter
 {{- if and .Values.podMonitor.enabled (eq $sec.authorization.mode "kubernetes") (not $sec.scraper.tokenSecret.name) }}
 {{- fail "podMonitor.enabled with metricsSecurity.authorization.mode=kubernetes needs metricsSecurity.scraper.tokenSecret.name: a PodMonitor cannot send the Prometheus pod's own token file" }}
 {{- end }}
-{{- if and .Values.rbac.useExistingRole (not .Values.rbac.existingRoleName) }}
-{{- fail "rbac.useExistingRole=true needs rbac.existingRoleName" }}
+{{- $_ := include "otel-dra.existingRole" . }}
+{{- /* Options of the kube-dra-exporter chart that have no meaning here: accepted empty, as that
+     chart accepts them, and rejected otherwise, as it rejects them. */}}
+{{- if .Values.extraArgs }}
+{{- fail "extraArgs is not supported (as in the kube-dra-exporter chart): the chart renders the exporter's flags from exporter.* and otlp.*; use extraEnv for anything else" }}
+{{- end }}
+{{- if .Values.featureGates }}
+{{- fail "featureGates is not supported (as in the kube-dra-exporter chart): the exporter has no feature gates" }}
+{{- end }}
+{{- if hasKey .Values "maxConcurrentChallenges" }}
+{{- fail "maxConcurrentChallenges is an obsolete option (rejected by the kube-dra-exporter chart too): remove it" }}
 {{- end }}
 {{- /* Two device attributes that become the same label make the exporter exit at start-up; the
      schema cannot see that, so compute each label as DeviceAttributes.parse does
@@ -219,13 +250,25 @@ spec:
         {{- toYaml .Values.securityContext | nindent 8 }}
       resources:
         {{- toYaml .Values.resources | nindent 8 }}
-      {{- with include "otel-dra.webVolumeMounts" . | trim }}
+      {{- $mounts := include "otel-dra.webVolumeMounts" . | trim }}
+      {{- if or $mounts .Values.extraVolumeMounts }}
       volumeMounts:
+        {{- with $mounts }}
         {{- . | nindent 8 }}
+        {{- end }}
+        {{- with .Values.extraVolumeMounts }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
       {{- end }}
-  {{- with include "otel-dra.webVolumes" . | trim }}
+  {{- $volumes := include "otel-dra.webVolumes" . | trim }}
+  {{- if or $volumes .Values.extraVolumes }}
   volumes:
+    {{- with $volumes }}
     {{- . | nindent 4 }}
+    {{- end }}
+    {{- with .Values.extraVolumes }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
   {{- end }}
   {{- with .Values.nodeSelector }}
   nodeSelector:
