@@ -42,13 +42,17 @@ MAY_BE_EMPTY = re.compile(
 EXPORTER_JOB = "rel-otel-dra"
 
 
-@pytest.fixture(scope="module")
-def demo(otelcol_gateway, testbed_binaries) -> Iterator[dict[str, Any]]:
+def _demo_ports() -> tuple[int, int]:
+    """A port for the demo's exporter and the first of NODES consecutive ones for its plugins."""
     plugin_port = free_ports(NODES)
     port = free_port()
     while plugin_port <= port < plugin_port + NODES:
         port = free_port()
-    directory = Path(tempfile.mkdtemp(prefix="e2e-"))
+    return port, plugin_port
+
+
+@pytest.fixture(scope="module")
+def demo(otelcol_gateway, testbed_binaries) -> Iterator[dict[str, Any]]:
     # No OTel settings of the test run's own, but the same testbed Kubernetes (OTEL_DRA_*).
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") or k.startswith("OTEL_DRA_")}
     env.update(
@@ -58,22 +62,32 @@ def demo(otelcol_gateway, testbed_binaries) -> Iterator[dict[str, Any]]:
         OTEL_TRACES_SAMPLER="always_on",
         OTEL_BSP_SCHEDULE_DELAY="500",
     )
-    # Its output goes to a file: a pipe nobody reads while the demo runs would fill up and block it.
-    log = directory / "demo.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "otel_dra", "demo", "--dir", str(directory), "--nodes", str(NODES),
-                "--pods", str(PODS), "--port", str(port), "--plugin-metrics-port", str(plugin_port),
-            ],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-        wait_until(lambda: proc.poll() is not None or (_listening(port) and scrape(port)[0] == 200),
+    # A port free_port() picked can be taken by another socket before the demo binds it (tests
+    # that open many connections make that likely): a demo that exits for "Address already in use"
+    # is started again with new ports, up to 3 times, as tests/peers.py does for the peers.
+    for attempt in range(3):
+        port, plugin_port = _demo_ports()
+        directory = Path(tempfile.mkdtemp(prefix="e2e-"))
+        # Its output goes to a file: a pipe nobody reads while the demo runs would fill up and block it.
+        log = directory / "demo.log"
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                [
+                    sys.executable, "-m", "otel_dra", "demo", "--dir", str(directory), "--nodes", str(NODES),
+                    "--pods", str(PODS), "--port", str(port), "--plugin-metrics-port", str(plugin_port),
+                ],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        wait_until(lambda proc=proc, port=port: proc.poll() is not None or (_listening(port) and scrape(port)[0] == 200),
                    180, what="the demo's exporter")  # fmt: skip
-        assert proc.poll() is None, log.read_text()
+        if proc.poll() is None:
+            break
+        output = log.read_text()
+        shutil.rmtree(directory, ignore_errors=True)
+        assert "Address already in use" in output and attempt < 2, output
+    try:
         yield {"port": port, "plugin_ports": [plugin_port + i for i in range(NODES)], "dir": directory}
     finally:
         proc.send_signal(signal.SIGINT)
