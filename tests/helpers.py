@@ -171,6 +171,22 @@ def claim_pod(name: str, namespace: str, claim: str, node: str | None = None) ->
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
 
 
+def node_slice(name: str, driver: str, node: str, count: int = 1, **spec: Any) -> dict[str, Any]:
+    """A ResourceSlice of ``driver`` on ``node``, in the pool named after the node (generation 1, of
+    ``count`` slices); ``spec`` adds devices, sharedCounters and the like."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": count},
+            **spec,
+        },
+    }
+
+
 def driver_class(driver: str) -> dict[str, Any]:
     """A DeviceClass named after ``driver`` that selects every device of that driver."""
     return {

@@ -18,24 +18,18 @@ import pytest
 from otel_dra.cluster.resourceslice import DeviceAttributes
 from otel_dra.fixtures import create
 from otel_dra.kube.client import ApiError, KubeClient, load_credentials
-from tests.helpers import declare_node_features, driver_class, parse_samples, place, ready_node, scrape, wait_until
+from tests.helpers import (
+    declare_node_features,
+    driver_class,
+    node_slice,
+    parse_samples,
+    place,
+    ready_node,
+    scrape,
+    wait_until,
+)
 
 NS = "current-api"
-
-
-def _slice(name: str, driver: str, node: str, devices: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": name},
-        "spec": {
-            "driver": driver,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": devices,
-            **spec,
-        },
-    }
 
 
 def _series(port: int, name: str, driver: str) -> list[dict[str, str]]:
@@ -74,11 +68,11 @@ def test_list_typed_attributes_in_device_info(objects, testbed_sched, start_expo
     _client, make = objects
     driver = "lists.example.com"
     created = make(
-        _slice(
+        node_slice(
             "lists",
             driver,
             "lists-node",
-            [
+            devices=[
                 {
                     "name": "gpu-0",
                     "attributes": {
@@ -109,9 +103,11 @@ def test_devices_that_skip_node_operations(objects, testbed_sched, start_exporte
     ready_node(client, "skip-node")
     declare_node_features(client, "skip-node", "DRAOptionalNodeOperations")
     make(driver_class(driver))
-    created = make(_slice("skip", driver, "skip-node", [{"name": "d0"}, {"name": "d1"}], skipNodeOperations=["*"]))
+    created = make(
+        node_slice("skip", driver, "skip-node", devices=[{"name": "d0"}, {"name": "d1"}], skipNodeOperations=["*"])
+    )
     assert created["spec"]["skipNodeOperations"] == ["*"]
-    make(_slice("noskip", "noskip.example.com", "skip-node", [{"name": "d0"}]))
+    make(node_slice("noskip", "noskip.example.com", "skip-node", devices=[{"name": "d0"}]))
     app = start_exporter_app(str(testbed_sched.kubeconfig))
     wait_until(lambda: app.state.not_synced() is None, what="sync")
     ops = {"NodePrepareResources", "NodeUnprepareResources"}

@@ -63,7 +63,8 @@ OBJECTS = [
 # Kubernetes 1.37 adds skipNodeOperations (alpha; on in the testbed): there ext's slice skips every
 # node operation, as the unit tests' world has it, so that the OTLP comparison below covers the
 # 1.37-only families too. The golden files hold what 1.34 serves, so they do not change.
-if version_key(kubernetes_release().minor) >= (1, 37):
+SKIP_NODE_OPERATIONS = version_key(kubernetes_release().minor) >= (1, 37)
+if SKIP_NODE_OPERATIONS:
     for _obj in OBJECTS:
         if _obj["kind"] == "ResourceSlice" and _obj["metadata"]["name"] == "gold-ext":
             _obj["spec"] = {**_obj["spec"], "skipNodeOperations": ["*"]}
@@ -200,7 +201,7 @@ def golden_scrape(testbed_sched, start_exporter_app_module):
     started = time.time()
     for node in NODES:
         ready_node(client, node)
-    if version_key(kubernetes_release().minor) >= (1, 37):
+    if SKIP_NODE_OPERATIONS:
         declare_node_features(client, "gold-ext", "DRAOptionalNodeOperations")
     for obj in OBJECTS:
         _create(client, obj)

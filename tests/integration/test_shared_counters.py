@@ -20,7 +20,7 @@ from otel_dra.cluster.sharding import Shard
 from otel_dra.fixtures import create
 from otel_dra.kube.client import ApiError, KubeClient, load_credentials
 from otel_dra.testbed.controlplane import release_settings
-from tests.helpers import driver_class, parse_samples, place, ready_node, scrape, wait_until
+from tests.helpers import driver_class, node_slice, parse_samples, place, ready_node, scrape, wait_until
 
 pytestmark = pytest.mark.kubernetes(min="1.35", reason="counter sets are pool-wide since Kubernetes 1.35")
 
@@ -32,17 +32,7 @@ HALF = f"device.attributes['{DRIVER}'].profile == 'half'"
 
 
 def _slice(name: str, pool: str, count: int, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": name},
-        "spec": {
-            "driver": DRIVER,
-            "nodeName": pool,
-            "pool": {"name": pool, "generation": 1, "resourceSliceCount": count},
-            **spec,
-        },
-    }
+    return node_slice(name, DRIVER, pool, count, **spec)
 
 
 def _partition(name: str, memory: str, profile: str, counter_set: str = "gpu-0-counters") -> dict[str, Any]:
