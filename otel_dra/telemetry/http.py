@@ -295,6 +295,9 @@ class Limits:
 
 # How often (seconds) the selector looks for connections past their deadline.
 _SWEEP = 0.25
+# Seconds a worker thread waits for a request before it ends (started again as needed): the threads
+# a burst of requests started do not stay.
+_WORKER_IDLE = 30.0
 
 _TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
@@ -350,6 +353,7 @@ class _Server:
         self._jobs: queue.SimpleQueue[tuple[_Conn, bytes, int] | None] = queue.SimpleQueue()
         self._workers: list[threading.Thread] = []
         self._idle_workers = 0
+        self._started = 0  # worker threads started so far (their names)
         self._workers_lock = threading.Lock()
         self._accepting = False
         self._stopping = False
@@ -519,7 +523,8 @@ class _Server:
         self._unwatch(conn)
         with self._workers_lock:
             if self._idle_workers <= 0 and len(self._workers) < self.limits.max_workers:
-                thread = threading.Thread(target=self._work, name=f"metrics-http-{len(self._workers)}", daemon=True)
+                self._started += 1
+                thread = threading.Thread(target=self._work, name=f"metrics-http-{self._started}", daemon=True)
                 self._workers.append(thread)
                 self._idle_workers += 1
                 thread.start()
@@ -564,7 +569,16 @@ class _Server:
 
     def _work(self) -> None:
         while True:
-            job = self._jobs.get()
+            try:
+                job = self._jobs.get(timeout=_WORKER_IDLE)
+            except queue.Empty:
+                with self._workers_lock:
+                    # More idle workers than requests waiting: this one is not needed.
+                    if self._idle_workers > 0:
+                        self._idle_workers -= 1
+                        self._workers.remove(threading.current_thread())
+                        return
+                continue
             if job is None:
                 return
             conn, head, error = job

@@ -15,6 +15,7 @@ import pytest
 
 from otel_dra.cli import build_parser
 from otel_dra.cli.web import web_options
+from otel_dra.telemetry import http
 from otel_dra.telemetry.http import Endpoints, Limits, MetricsServer
 
 BODY = b"up 1\n"
@@ -182,7 +183,8 @@ def test_connections_beyond_the_limit_wait_until_one_closes(server):
             sock.close()
 
 
-def test_requests_served_at_once_are_bounded_by_the_workers():
+def test_requests_served_at_once_are_bounded_by_the_workers(monkeypatch):
+    monkeypatch.setattr(http, "_WORKER_IDLE", 0.2)
     gate, in_flight, most = threading.Event(), [0], [0]
     lock = threading.Lock()
 
@@ -214,6 +216,9 @@ def test_requests_served_at_once_are_bounded_by_the_workers():
         for c in clients:
             c.join(20)
         assert results == [200] * 10 and most[0] == 4
+        wait_until(lambda: len(server_threads()) == 1)  # idle workers end; started again when needed
+        with urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/metrics", timeout=5) as resp:
+            assert resp.read() == BODY
     finally:
         gate.set()
         srv.stop()
