@@ -20,6 +20,7 @@ import queue
 import selectors
 import socket
 import ssl
+import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -302,6 +303,11 @@ _WORKER_IDLE = 30.0
 _TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
 
+def _timeval(seconds: float) -> bytes:
+    whole = int(seconds)
+    return struct.pack("ll", whole, int((seconds - whole) * 1e6))
+
+
 class _Conn:
     """An open connection, owned by the selector thread while it waits for a request and by one
     worker while that request is served."""
@@ -419,6 +425,12 @@ class _Server:
             # of a small /metrics (the plugin's), 0.4 ms without.
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # The write timeout is the kernel's (SO_SNDTIMEO on a blocking socket), not Python's: with
+            # a Python timeout the socket is non-blocking underneath, and a large body goes out in
+            # one sendmsg and one GIL re-acquisition per socket-buffer's worth instead of one per
+            # batch (see send_buffers): under 20 concurrent scrapes that made scrapes ~40% slower.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(limits.write_timeout))
             sock.setblocking(False)
             now = time.monotonic()
             tls = self._security.tls if self._security is not None else None
@@ -602,7 +614,7 @@ class _Server:
         handler.wfile = _SocketWriter(sock)
         handler.close_connection = True
         try:
-            sock.settimeout(self.limits.write_timeout)
+            sock.setblocking(True)  # a send that makes no progress for write_timeout fails (SO_SNDTIMEO)
             if error:
                 handler.requestline, handler.request_version, handler.command = "", "", ""
                 handler.send_error(error)

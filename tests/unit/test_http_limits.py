@@ -159,6 +159,18 @@ def test_pipelined_requests_are_answered_in_order(server):
     assert codes == [200, 404, 200] and response.endswith(BODY)
 
 
+def test_a_client_that_stops_reading_is_dropped_after_the_write_timeout():
+    big = [b"x" * (1 << 20)] * 256  # 256 MiB from one buffer: more than any socket buffer holds
+    srv = serve(Limits(max_workers=1, write_timeout=0.5), lambda openmetrics, gzipped: big)
+    try:
+        with connect(srv.port) as stalled:
+            stalled.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")  # and never read
+            wait_until(lambda: srv.connections() == 0, timeout=20)  # its one worker is free again
+            assert status(exchange(srv.port, b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n")) == 200
+    finally:
+        srv.stop()
+
+
 def test_a_request_with_a_body_is_refused_and_its_connection_closed(server):
     response = exchange(server.port, b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
     assert status(response) == 501
