@@ -249,6 +249,7 @@ def main() -> int:
     parser.add_argument("--settle", type=float, default=5.0, help="seconds of load before measuring")
     parser.add_argument("--gzip", action="store_true", help="normal scrapes ask for gzip (as Prometheus does)")
     parser.add_argument("--before", type=Path, default=None, help="also run the exporter of this source tree")
+    parser.add_argument("--before-first", action="store_true", help="run the --before tree first")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--load", type=int, default=None, help=argparse.SUPPRESS)  # the load process
     args = parser.parse_args()
@@ -261,6 +262,8 @@ def main() -> int:
     variants = [("after", {"PYTHONPATH": exporter_pythonpath(Path(__file__).resolve().parents[1])})]
     if args.before is not None:
         variants.append(("before", {"PYTHONPATH": exporter_pythonpath(args.before.resolve())}))
+        if args.before_first:
+            variants.reverse()
     w = Workload(claims=args.claims, pods=args.pods)
     with (
         tempfile.TemporaryDirectory(prefix="otel-dra-hostile-") as tmp,
