@@ -427,8 +427,8 @@ class _Server:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # The write timeout is the kernel's (SO_SNDTIMEO on a blocking socket), not Python's: with
             # a Python timeout the socket is non-blocking underneath, and a large body goes out in
-            # one sendmsg and one GIL re-acquisition per socket-buffer's worth instead of one per
-            # batch (see send_buffers): under 20 concurrent scrapes that made scrapes ~40% slower.
+            # one sendmsg and one GIL re-acquisition per socket buffer's worth instead of one per
+            # batch (see send_buffers), each re-acquisition up to the switch interval under load.
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(limits.write_timeout))
             sock.setblocking(False)
