@@ -267,7 +267,9 @@ def test_stop_closes_connections_waiting_for_a_request():
         assert not server_threads()
         for sock in socks:
             sock.settimeout(5)
-            assert read_all(sock) == b""
+            # Closed with the half request still unread, a connection ends with a reset.
+            with contextlib.suppress(ConnectionResetError):
+                assert read_all(sock) == b""
     finally:
         for sock in socks:
             sock.close()
