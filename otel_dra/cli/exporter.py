@@ -285,8 +285,11 @@ def start_exporter(
             on_export=on_export,
             priority=priority,
         )
-    access = build_access(web or WebOptions(), client)
-    server = MetricsServer(Endpoints(scrape, state.not_synced, on_scrape, priority), address, port, access.security)
+    web = web or WebOptions()
+    access = build_access(web, client)
+    server = MetricsServer(
+        Endpoints(scrape, state.not_synced, on_scrape, priority), address, port, access.security, web.limits
+    )
     state.start()
     server.start()
     if pusher is not None:

@@ -273,10 +273,11 @@ def start_plugin(
             def scrape(openmetrics: bool, gzipped: bool) -> list[bytes]:
                 return assemble(pipeline.registry, [], openmetrics, gzipped)
 
-            access = build_access(web or WebOptions(), client)
+            web = web or WebOptions()
+            access = build_access(web, client)
             app.metrics_authorizer = access.authorizer
             app.metrics_server = MetricsServer(
-                Endpoints(scrape, lambda: None), metrics_address, metrics_port, access.security
+                Endpoints(scrape, lambda: None), metrics_address, metrics_port, access.security, web.limits
             ).start()
             log.info(
                 "serving metrics on %s:%d (/metrics: %s)",

@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from otel_dra.cli.flags import UsageError, add_flag, positive_seconds
+from otel_dra.cli.flags import UsageError, add_flag, int_in, positive_seconds
 
 log = logging.getLogger("otel_dra")
 
@@ -51,6 +51,48 @@ def add_web_flags(parser: argparse.ArgumentParser) -> None:
         default=30.0,
         type=positive_seconds,
     )
+    # The HTTP server's limits (otel_dra.telemetry.http.Limits): what one client may take.
+    add_flag(
+        parser,
+        "--web-max-connections",
+        "OTEL_DRA_WEB_MAX_CONNECTIONS",
+        "open connections at most; further ones wait in the kernel's accept backlog",
+        default=1024,
+        type=int_in(1, 1_000_000),
+    )
+    add_flag(
+        parser,
+        "--web-max-requests",
+        "OTEL_DRA_WEB_MAX_REQUESTS",
+        "requests served at once (worker threads); further complete requests wait for a worker",
+        default=32,
+        type=int_in(1, 1024),
+    )
+    add_flag(
+        parser,
+        "--web-header-timeout",
+        "OTEL_DRA_WEB_HEADER_TIMEOUT",
+        "seconds a client may take to send a request's line and headers (from its first byte, or the "
+        "connection's start); then 408 and closed",
+        default=10.0,
+        type=positive_seconds,
+    )
+    add_flag(
+        parser,
+        "--web-idle-timeout",
+        "OTEL_DRA_WEB_IDLE_TIMEOUT",
+        "seconds a keep-alive connection may wait for its next request before it is closed",
+        default=120.0,
+        type=positive_seconds,
+    )
+    add_flag(
+        parser,
+        "--web-write-timeout",
+        "OTEL_DRA_WEB_WRITE_TIMEOUT",
+        "seconds a response's send may make no progress (a client that stops reading) before the connection is closed",
+        default=60.0,
+        type=positive_seconds,
+    )
 
 
 @dataclass(frozen=True)
@@ -61,6 +103,7 @@ class WebOptions:
     authorization: str = "none"
     allow_ttl: float = 120.0
     deny_ttl: float = 30.0
+    limits: Any = None  # otel_dra.telemetry.http.Limits | None (None: its defaults)
 
     @property
     def scheme(self) -> str:
@@ -77,7 +120,16 @@ def web_options(args: argparse.Namespace) -> WebOptions:
             config = load_web_config(args.web_config_file)
         except WebConfigError as exc:
             raise UsageError(f"--web-config-file (OTEL_DRA_WEB_CONFIG_FILE): {exc}") from None
-    return WebOptions(config, args.authorization, args.authorization_allow_ttl, args.authorization_deny_ttl)
+    from otel_dra.telemetry.http import Limits
+
+    limits = Limits(
+        max_connections=args.web_max_connections,
+        max_workers=args.web_max_requests,
+        header_timeout=args.web_header_timeout,
+        idle_timeout=args.web_idle_timeout,
+        write_timeout=args.web_write_timeout,
+    )
+    return WebOptions(config, args.authorization, args.authorization_allow_ttl, args.authorization_deny_ttl, limits)
 
 
 @dataclass

@@ -12,16 +12,21 @@ from __future__ import annotations
 
 import base64
 import binascii
+import collections
 import contextlib
+import io
 import logging
+import queue
+import selectors
 import socket
 import ssl
-import sys
+import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+from socketserver import _SocketWriter  # type: ignore[attr-defined]
 
 from otel_dra.telemetry.exposition import (
     OPENMETRICS_CONTENT_TYPE,
@@ -91,6 +96,9 @@ class _Handler(BaseHTTPRequestHandler):
     security: Security | None = None
     server_version = "otel-dra"
     protocol_version = "HTTP/1.1"
+    # Not HTTP/0.9 (the stdlib's default): an error such as a malformed request line's 400 then has
+    # a status line and headers instead of an HTML body alone.
+    default_request_version = "HTTP/1.0"
 
     def log_message(self, format: str, *args: object) -> None:
         log.debug("http: " + format, *args)
@@ -258,107 +266,446 @@ def _send_tls(sock: ssl.SSLSocket, parts: list[bytes]) -> None:
         sock.sendall(b"".join(pending))
 
 
-class _Server(ThreadingHTTPServer):
-    """A ThreadingHTTPServer that knows its open connections and their threads, so that stopping it
-    can end idle keep-alive connections (a scraper such as Prometheus keeps one open between
-    scrapes) and wait for those threads instead of leaving them behind."""
+@dataclass(frozen=True)
+class Limits:
+    """What one client may take of the server. Requests are read by one thread that waits on every
+    open connection at once (a selector), so a connection that is idle, or slow to send its request,
+    costs a socket and a buffer, not a thread; only complete requests go to the worker threads.
 
-    daemon_threads = True
+    - ``max_connections``: open connections; beyond it new ones wait in the kernel's accept backlog
+      (``backlog``) until one closes.
+    - ``max_workers``: requests served at once (worker threads, started as needed); further complete
+      requests wait in line for a worker.
+    - ``header_timeout``: seconds from a request's first byte (a new connection's accept) to the end
+      of its headers; a client that has not sent them by then is answered 408 and closed (slowloris).
+    - ``idle_timeout``: seconds a keep-alive connection may wait for its next request.
+    - ``write_timeout``: seconds a response's send may make no progress (a client that stops reading).
+    - ``max_request_line`` (414), ``max_header_bytes`` (431): sizes, in bytes; a malformed request
+      line or header is a 400.
+    """
+
+    max_connections: int = 1024
+    max_workers: int = 32
+    header_timeout: float = 10.0
+    idle_timeout: float = 120.0
+    write_timeout: float = 60.0
+    max_request_line: int = 8192
+    max_header_bytes: int = 65536
+    backlog: int = 128
+
+
+# How often (seconds) the selector looks for connections past their deadline.
+_SWEEP = 0.25
+# Seconds a worker thread waits for a request before it ends (started again as needed): the threads
+# a burst of requests started do not stay.
+_WORKER_IDLE = 30.0
+
+_TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+
+
+def _timeval(seconds: float) -> bytes:
+    whole = int(seconds)
+    return struct.pack("ll", whole, int((seconds - whole) * 1e6))
+
+
+class _Conn:
+    """An open connection, owned by the selector thread while it waits for a request and by one
+    worker while that request is served."""
+
+    __slots__ = ("address", "buf", "deadline", "events", "handshaking", "reading", "sock")
+
+    def __init__(self, sock: socket.socket, address: object, deadline: float, handshaking: bool) -> None:
+        self.sock = sock
+        self.address = address
+        self.buf = bytearray()
+        self.deadline = deadline
+        self.handshaking = handshaking
+        self.reading = False  # part of a request received: the header deadline runs
+        self.events = 0
+
+
+class _Server:
+    """Accepts connections and reads requests on one selector thread (``serve_forever``), serves
+    complete requests on a bounded pool of worker threads, and keeps every open connection in
+    ``_connections`` so that stopping ends idle keep-alive connections (a scraper such as Prometheus
+    keeps one open between scrapes) and waits for the workers instead of leaving threads behind."""
 
     def __init__(
-        self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], security: Security | None = None
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        security: Security | None = None,
+        limits: Limits | None = None,
     ) -> None:
-        self._connections: dict[socket.socket, threading.Thread] = {}
-        self._connections_lock = threading.Lock()
+        self._handler = handler
         self._security = security
-        super().__init__(address, handler)
+        self.limits = limits or Limits()
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.socket.bind(address)
+            self.socket.listen(self.limits.backlog)
+        except OSError:
+            self.socket.close()
+            raise
+        self.socket.setblocking(False)
+        self.server_address = self.socket.getsockname()
+        self._connections: dict[socket.socket, _Conn] = {}  # selector thread only (len() elsewhere)
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._returned: collections.deque[tuple[_Conn, bool]] = collections.deque()
+        self._jobs: queue.SimpleQueue[tuple[_Conn, bytes, int] | None] = queue.SimpleQueue()
+        self._workers: list[threading.Thread] = []
+        self._idle_workers = 0
+        self._started = 0  # worker threads started so far (their names)
+        self._workers_lock = threading.Lock()
+        self._accepting = False
+        self._stopping = False
+        self.timeouts = 0  # connections closed at a deadline (headers, idle, handshake)
 
-    def get_request(self) -> tuple[socket.socket, object]:
-        sock, address = self.socket.accept()
-        # The headers and the body go out in separate writes; with Nagle's algorithm the body of a
-        # small response waits for the client's delayed ACK of the headers: ~40 ms per scrape of a
-        # small /metrics (the plugin's), 0.4 ms without.
-        with contextlib.suppress(OSError):  # not TCP (a test's socketpair)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        tls = self._security.tls if self._security is not None else None
-        if tls is not None:
-            # The handshake runs in the connection's thread (finish_request), not in the accept loop.
-            sock = tls.current().wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-        return sock, address
+    # --- the selector thread ------------------------------------------------------------------------
 
-    def finish_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
-        if isinstance(request, ssl.SSLSocket):
-            assert self._security is not None
-            request.settimeout(self._security.handshake_timeout)
+    def serve_forever(self) -> None:
+        sel = self._selector
+        sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._accept_on()
+        next_sweep = time.monotonic() + _SWEEP
+        try:
+            while not self._stopping:
+                for key, _mask in sel.select(_SWEEP):
+                    if key.fileobj is self.socket:
+                        self._accept()
+                    elif key.fileobj is self._wake_r:
+                        with contextlib.suppress(OSError):
+                            while self._wake_r.recv(4096):
+                                pass
+                    else:
+                        self._on_readable(key.data)
+                while self._returned:
+                    self._take_back(*self._returned.popleft())
+                now = time.monotonic()
+                if now >= next_sweep:
+                    next_sweep = now + _SWEEP
+                    self._sweep(now)
+        finally:
+            for conn in [c for c in self._connections.values() if c.events]:
+                self._close(conn)
+            with contextlib.suppress(KeyError, ValueError):
+                sel.unregister(self.socket)
+            self.socket.close()
+            with self._workers_lock:
+                for _ in self._workers:
+                    self._jobs.put(None)
+
+    def _accept_on(self) -> None:
+        if not self._accepting:
+            self._selector.register(self.socket, selectors.EVENT_READ, None)
+            self._accepting = True
+
+    def _accept_off(self) -> None:
+        if self._accepting:
+            self._selector.unregister(self.socket)
+            self._accepting = False
+
+    def _accept(self) -> None:
+        limits = self.limits
+        while len(self._connections) < limits.max_connections:
             try:
-                request.do_handshake()
-            except (OSError, ValueError) as exc:  # a client that does not trust us, or speaks plain HTTP
-                log.debug("http: TLS handshake with %s failed: %s", client_address, exc)
+                sock, address = self.socket.accept()
+            except (BlockingIOError, InterruptedError):
                 return
-            request.settimeout(None)
-        super().finish_request(request, client_address)
+            except OSError as exc:  # out of file descriptors: wait for the next sweep
+                log.warning("http: cannot accept a connection: %s", exc)
+                self._accept_off()
+                return
+            # The headers and the body go out in separate writes; with Nagle's algorithm the body of
+            # a small response waits for the client's delayed ACK of the headers: ~40 ms per scrape
+            # of a small /metrics (the plugin's), 0.4 ms without.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # The write timeout is the kernel's (SO_SNDTIMEO on a blocking socket), not Python's: with
+            # a Python timeout the socket is non-blocking underneath, and a large body goes out in
+            # one sendmsg and one GIL re-acquisition per socket buffer's worth instead of one per
+            # batch (see send_buffers), each re-acquisition up to the switch interval under load.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(limits.write_timeout))
+            sock.setblocking(False)
+            now = time.monotonic()
+            tls = self._security.tls if self._security is not None else None
+            if tls is not None:
+                try:
+                    sock = tls.current().wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                except (OSError, ValueError) as exc:
+                    log.debug("http: TLS setup for %s failed: %s", address, exc)
+                    sock.close()
+                    continue
+                assert self._security is not None
+                conn = _Conn(sock, address, now + self._security.handshake_timeout, True)
+            else:
+                conn = _Conn(sock, address, now + limits.header_timeout, False)
+                conn.reading = True  # a new connection is there to send a request
+            self._connections[sock] = conn
+            self._watch(conn, selectors.EVENT_READ)
+        # At the limit: the others wait in the kernel's backlog until a connection closes.
+        self._accept_off()
 
-    def handle_error(self, request: object, client_address: object) -> None:
+    def _watch(self, conn: _Conn, events: int) -> None:
+        if conn.events == events:
+            return
+        if conn.events:
+            self._selector.modify(conn.sock, events, conn)
+        else:
+            self._selector.register(conn.sock, events, conn)
+        conn.events = events
+
+    def _unwatch(self, conn: _Conn) -> None:
+        if conn.events:
+            self._selector.unregister(conn.sock)
+            conn.events = 0
+
+    def _close(self, conn: _Conn) -> None:
+        self._unwatch(conn)
+        with contextlib.suppress(OSError):
+            conn.sock.close()
+        self._connections.pop(conn.sock, None)
+        if not self._stopping and len(self._connections) < self.limits.max_connections:
+            self._accept_on()
+
+    def _on_readable(self, conn: _Conn) -> None:
+        sock = conn.sock
+        try:
+            if conn.handshaking:
+                sock.do_handshake()  # type: ignore[attr-defined]
+                conn.handshaking = False
+                conn.reading = True
+                conn.deadline = time.monotonic() + self.limits.header_timeout
+                self._watch(conn, selectors.EVENT_READ)
+            while True:
+                data = sock.recv(65536)
+                if not data:
+                    self._close(conn)
+                    return
+                if not conn.reading:  # the first byte of a keep-alive connection's next request
+                    conn.reading = True
+                    conn.deadline = time.monotonic() + self.limits.header_timeout
+                conn.buf += data
+                if not isinstance(sock, ssl.SSLSocket) or not sock.pending():
+                    break
+        except ssl.SSLWantReadError:
+            self._watch(conn, selectors.EVENT_READ)
+        except ssl.SSLWantWriteError:
+            self._watch(conn, selectors.EVENT_WRITE)
+        except BlockingIOError:
+            pass
+        except (OSError, ValueError) as exc:  # a client that does not trust us, speaks plain HTTP, resets
+            log.debug("http: connection from %s ended: %s", conn.address, exc)
+            self._close(conn)
+            return
+        self._parse(conn)
+
+    def _parse(self, conn: _Conn) -> None:
+        """Hand a complete request head to a worker, or refuse one that is too large."""
+        limits, buf = self.limits, conn.buf
+        while buf and buf[0] in b"\r\n":  # empty lines before a request are ignored (RFC 9112 2.2)
+            del buf[:1]
+        if not buf:
+            return
+        line_end = buf.find(b"\n", 0, limits.max_request_line + 1)
+        if line_end < 0:
+            if len(buf) > limits.max_request_line:
+                self._dispatch(conn, b"", 414)
+            return
+        ends = [i for i in (buf.find(b"\n\r\n", line_end), buf.find(b"\n\n", line_end)) if i >= 0]
+        if not ends:
+            if len(buf) - line_end - 1 > limits.max_header_bytes:
+                self._dispatch(conn, b"", 431)
+            return
+        end = min(ends)
+        end += 3 if buf[end + 1 : end + 2] == b"\r" else 2
+        if end - line_end - 1 > limits.max_header_bytes:
+            self._dispatch(conn, b"", 431)
+            return
+        head = bytes(buf[:end])
+        del buf[:end]
+        self._dispatch(conn, head, 0)
+
+    def _dispatch(self, conn: _Conn, head: bytes, error: int) -> None:
+        self._unwatch(conn)
+        with self._workers_lock:
+            if self._idle_workers <= 0 and len(self._workers) < self.limits.max_workers:
+                self._started += 1
+                thread = threading.Thread(target=self._work, name=f"metrics-http-{self._started}", daemon=True)
+                self._workers.append(thread)
+                self._idle_workers += 1
+                thread.start()
+            self._idle_workers -= 1
+        self._jobs.put((conn, head, error))
+
+    def _take_back(self, conn: _Conn, keep: bool) -> None:
+        if not keep or self._stopping:
+            self._close(conn)
+            return
+        try:
+            conn.sock.setblocking(False)
+        except OSError:
+            self._close(conn)
+            return
+        conn.reading = bool(conn.buf)
+        conn.deadline = time.monotonic() + (self.limits.header_timeout if conn.reading else self.limits.idle_timeout)
+        self._watch(conn, selectors.EVENT_READ)
+        if conn.buf:
+            self._parse(conn)  # a pipelined request, already received
+        elif isinstance(conn.sock, ssl.SSLSocket) and conn.sock.pending():
+            self._on_readable(conn)
+
+    def _sweep(self, now: float) -> None:
+        if not self._accepting and len(self._connections) < self.limits.max_connections:
+            self._accept_on()
+        for conn in [c for c in self._connections.values() if c.events and c.deadline <= now]:
+            self.timeouts += 1
+            if conn.reading and not conn.handshaking:
+                log.debug("http: %s did not send its request headers in time", conn.address)
+                with contextlib.suppress(OSError, ValueError):
+                    conn.sock.send(_TIMEOUT_RESPONSE)
+            else:
+                log.debug("http: closing %s connection from %s", "TLS" if conn.handshaking else "idle", conn.address)
+            self._close(conn)
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # full: it is awake already
+            self._wake_w.send(b"\0")
+
+    # --- worker threads -------------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=_WORKER_IDLE)
+            except queue.Empty:
+                with self._workers_lock:
+                    # More idle workers than requests waiting: this one is not needed.
+                    if self._idle_workers > 0:
+                        self._idle_workers -= 1
+                        self._workers.remove(threading.current_thread())
+                        return
+                continue
+            if job is None:
+                return
+            conn, head, error = job
+            keep = False
+            try:
+                keep = self._serve(conn, head, error)
+            finally:
+                with self._workers_lock:
+                    self._idle_workers += 1
+                self._returned.append((conn, keep))
+                self._wake()
+
+    def _serve(self, conn: _Conn, head: bytes, error: int) -> bool:
+        """Answer one request; whether the connection may carry another."""
+        sock = conn.sock
+        handler = self._handler.__new__(self._handler)
+        handler.request = handler.connection = sock
+        handler.client_address = conn.address  # type: ignore[assignment]
+        handler.server = self  # type: ignore[assignment]
+        handler.rfile = io.BytesIO(head)
+        handler.wfile = _SocketWriter(sock)
+        handler.close_connection = True
+        try:
+            sock.setblocking(True)  # a send that makes no progress for write_timeout fails (SO_SNDTIMEO)
+            if error:
+                handler.requestline, handler.request_version, handler.command = "", "", ""
+                handler.send_error(error)
+            else:
+                handler.handle_one_request()
+        except Exception as exc:
+            self.handle_error(exc, conn.address)
+            return False
+        # A request body (no method here takes one) would be read as the next request.
+        headers = getattr(handler, "headers", None)
+        if headers is not None and (
+            headers.get("Content-Length", "0").strip() != "0" or "Transfer-Encoding" in headers
+        ):
+            return False
+        return not handler.close_connection
+
+    def handle_error(self, exc: BaseException, client_address: object) -> None:
         # A client that goes away mid-request (or a TLS peer that drops the connection without a
         # close_notify) is routine; anything else is a bug worth a traceback.
-        if isinstance(sys.exc_info()[1], OSError):
-            log.debug("http: connection from %s ended: %s", client_address, sys.exc_info()[1])
+        if isinstance(exc, OSError):
+            log.debug("http: connection from %s ended: %s", client_address, exc)
         else:
-            log.warning("http: error serving %s", client_address, exc_info=True)
+            log.warning("http: error serving %s", client_address, exc_info=exc)
 
-    def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
-        # As ThreadingMixIn's, but registered before the thread starts: stop() sees every connection.
-        thread = threading.Thread(
-            target=self.process_request_thread, args=(request, client_address), name="metrics-http-conn", daemon=True
-        )
-        with self._connections_lock:
-            self._connections[request] = thread
-        thread.start()
+    # --- stopping -------------------------------------------------------------------------------------
 
-    def process_request_thread(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            with self._connections_lock:
-                self._connections.pop(request, None)
+    def shutdown(self) -> None:
+        """Stop accepting and reading: the selector thread closes every connection waiting for a
+        request and tells the workers to end once they have sent what they are sending."""
+        self._stopping = True
+        self._wake()
 
-    def end_connections(self) -> list[threading.Thread]:
-        """Stop reading from every open connection (an idle one ends at once, a response being sent
-        is still sent) and return their threads."""
-        with self._connections_lock:
-            connections = list(self._connections.items())
-        for sock, _ in connections:
-            with contextlib.suppress(OSError):  # already closed by its thread
-                # socket.socket's own shutdown: SSLSocket.shutdown would drop the TLS state under a
-                # response that is still being sent.
-                socket.socket.shutdown(sock, socket.SHUT_RD)
-        return [thread for _, thread in connections]
+    def workers(self) -> list[threading.Thread]:
+        with self._workers_lock:
+            return list(self._workers)
+
+    def server_close(self) -> None:
+        """After the threads: close what is left (connections handed back too late, the wake pair)."""
+        while self._returned:
+            conn, _ = self._returned.popleft()
+            with contextlib.suppress(OSError):
+                conn.sock.close()
+            self._connections.pop(conn.sock, None)
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
+        with contextlib.suppress(OSError):
+            self.socket.close()
 
 
 class MetricsServer:
-    """A threaded HTTP(S) server on ``address:port`` (port 0 picks a free one)."""
+    """A threaded HTTP(S) server on ``address:port`` (port 0 picks a free one), within ``limits``."""
 
     def __init__(
-        self, endpoints: Endpoints, address: str = "", port: int = 8080, security: Security | None = None
+        self,
+        endpoints: Endpoints,
+        address: str = "",
+        port: int = 8080,
+        security: Security | None = None,
+        limits: Limits | None = None,
     ) -> None:
         handler = type("Handler", (_Handler,), {"endpoints": endpoints, "security": security})
         self.security = security
-        self._server = _Server((address, port), handler, security)
+        self._server = _Server((address, port), handler, security, limits)
         self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
 
     @property
     def port(self) -> int:
         return int(self._server.server_address[1])
 
+    @property
+    def limits(self) -> Limits:
+        return self._server.limits
+
+    def connections(self) -> int:
+        """Connections open now."""
+        return len(self._server._connections)
+
     def start(self) -> MetricsServer:
         self._thread.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop accepting, end the open connections and wait (at most ``timeout`` seconds in total)
-        for the server's threads."""
+        """Stop accepting, end the idle connections, let responses being sent finish and wait (at
+        most ``timeout`` seconds in total) for the server's threads."""
         self._server.shutdown()
-        self._server.server_close()
         deadline = time.monotonic() + timeout
-        for thread in [self._thread, *self._server.end_connections()]:
+        if self._thread.is_alive() or self._thread.ident is not None:
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+        else:  # never started
+            self._server._stopping = True
+        for thread in self._server.workers():
             thread.join(max(0.0, deadline - time.monotonic()))
+        self._server.server_close()

@@ -89,7 +89,7 @@ def test_stop_ends_idle_keep_alive_connections():
     try:
         conn.request("GET", "/healthz")
         assert conn.getresponse().read() == b"ok\n"
-        assert len(set(threading.enumerate()) - before) == 2  # the server's, the idle connection's
+        assert len(set(threading.enumerate()) - before) == 2  # the selector's, the worker that answered
         srv.stop()
         assert not [t.name for t in threading.enumerate() if t not in before]  # the client is still connected
     finally:
