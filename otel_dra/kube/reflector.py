@@ -1,6 +1,9 @@
 """List + watch of one resource into a handler, with the behaviour client-go's reflector has.
 
-- The initial list is paginated (``limit``/``continue``) and parsed as raw JSON.
+- The initial list is paginated (``limit``/``continue``) and parsed as raw JSON, or, for a
+  resource with an item decoder (``ResourceType.protobuf``), asked for as protobuf (much less to
+  produce, send and decode when little of each object is kept; JSON again if the server answers
+  JSON or a protobuf page cannot be decoded). Watches are JSON.
 - The watch asks for bookmarks and resumes from the last resourceVersion it saw.
 - ``410 Gone`` (as an HTTP answer or a watch ERROR event) means our resourceVersion is too old:
   we relist.
@@ -30,11 +33,13 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import urllib3
+from google.protobuf.message import DecodeError
 
+from otel_dra.kube import protobuf
 from otel_dra.kube.client import ApiError, KubeClient
 
 log = logging.getLogger(__name__)
@@ -46,6 +51,8 @@ class ResourceType:
 
     plural: str
     group_version: str
+    # Decodes one item of a protobuf list page; None: lists are JSON.
+    protobuf: protobuf.ItemDecoder | None = field(default=None, compare=False, repr=False)
 
     @property
     def path(self) -> str:
@@ -123,6 +130,7 @@ class Reflector:
         self.handler = handler
         self.events = events
         self.page_size = page_size
+        self._protobuf = True  # lists ask for protobuf when the resource can decode it
         self.stale_after = stale_after
         self.watch_timeout = watch_timeout
         self.backoff = backoff
@@ -294,13 +302,31 @@ class Reflector:
                 raise _Unavailable("not served by the API server (not found by API discovery)")
             self.resource = found
 
+        decode_item = self.resource.protobuf if self._protobuf else None
+        headers = {"Accept": protobuf.ACCEPT} if decode_item is not None else None
+
         def fetch(token: str | None) -> bytes:
             query: dict[str, str | int] = {"limit": self.page_size}
             if self.field_selector:
                 query["fieldSelector"] = self.field_selector
             if token:
                 query["continue"] = token
-            return self.client.get_bytes(self.resource.path, query)
+            return self.client.get_bytes(self.resource.path, query, headers=headers)
+
+        encoding = "JSON"  # of the page being decoded, for the error message
+
+        def decode(raw: bytes) -> tuple[str, str | None, Iterable[Any]]:
+            """(resourceVersion, continue token, items) of one page."""
+            nonlocal encoding
+            if decode_item is not None and protobuf.is_protobuf(raw):
+                encoding = "protobuf"
+                pb = protobuf.list_page(raw)
+                return pb.resource_version, pb.continue_token or None, map(decode_item, pb.items)
+            page = json.loads(raw)
+            meta = page.get("metadata") or {}
+            page_items = page.get("items")
+            items = page_items if isinstance(page_items, list) else []
+            return str(meta.get("resourceVersion", "")), meta.get("continue") or None, items
 
         def items() -> Iterator[dict[str, Any]]:
             nonlocal resource_version, count
@@ -309,27 +335,25 @@ class Reflector:
                 raw = fetch(None)
                 while True:
                     # The next page is asked for while this one is decoded and handed over (the wait
-                    # for the API server releases the GIL); the token is read from the head of the
-                    # raw page, and checked against the decoded one.
-                    ahead = _head_continue(raw)
+                    # for the API server releases the GIL): for JSON the token is read from the head
+                    # of the raw page, and checked against the decoded one; a protobuf page's is
+                    # read with the page, whose items stay encoded until they are iterated.
+                    ahead = None if protobuf.is_protobuf(raw) else _head_continue(raw)
                     if ahead and not self._stop.is_set():
                         pending = _Prefetch(fetch, ahead, f"reflector-{self.resource.plural}-prefetch")
-                    page = json.loads(raw)
+                    page_version, token, page_items = decode(raw)
                     del raw
-                    meta = page.get("metadata") or {}
                     if not resource_version:
-                        resource_version = str(meta.get("resourceVersion", ""))
-                    page_items = page.get("items") or []
-                    token = meta.get("continue") or None
-                    del page
+                        resource_version = page_version
                     if pending is not None and pending.token != token:  # not the page we need
                         pending.discard()
                         pending = None
-                    if isinstance(page_items, list):
-                        for item in page_items:
-                            if isinstance(item, dict):
-                                count += 1
-                                yield item
+                    if token and pending is None and ahead is None and not self._stop.is_set():
+                        pending = _Prefetch(fetch, token, f"reflector-{self.resource.plural}-prefetch")
+                    for item in page_items:
+                        if isinstance(item, dict):
+                            count += 1
+                            yield item
                     del page_items
                     if not token:
                         return
@@ -348,9 +372,19 @@ class Reflector:
                     log.info("%s: list continuation expired (410), listing again", self.resource.plural)
                     raise _Gone() from exc
                 raise ApiError(exc.status, f"list failed: {exc.message}", exc.body) from exc
-            except ValueError as exc:
+            except (ValueError, DecodeError) as exc:
                 if self.events:
                     self.events.list_error(self.resource.plural, 200)
+                if encoding == "protobuf":
+                    # Whatever is wrong (a server or proxy bug, a field whose type we got wrong),
+                    # JSON still works: the next attempt, and every list after it, asks for JSON.
+                    self._protobuf = False
+                    log.warning(
+                        "%s: protobuf list could not be decoded (%s); listing as JSON from now on",
+                        self.resource.plural,
+                        exc,
+                    )
+                    raise ApiError(200, f"list answered malformed protobuf: {exc}") from exc
                 raise ApiError(200, f"list answered malformed JSON: {exc}") from exc
             finally:
                 if pending is not None:

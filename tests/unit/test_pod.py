@@ -5,6 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from google.protobuf import json_format
+
+from bench.workload import Workload
+from bench.workload import pod as bench_pod
+from otel_dra._generated.k8s import core_pb2
 from otel_dra.cluster import pod
 from otel_dra.cluster.pod import ClaimRef, DeviceHealth
 
@@ -160,3 +166,42 @@ def test_a_pod_without_dra_keeps_nothing_and_bad_fields_are_reported() -> None:
     assert odd.claims == (ClaimRef("ok", "", ""),)
     assert odd.health == (DeviceHealth("d", "ok", "", "a", "b", "c", "Unknown"),)
     assert len(problems) == 2 and "'a/b' is not <driver>/<pool>/<device>" in problems[0] and "'Sick'" in problems[1]
+
+
+def _pods_of_every_shape() -> list[dict[str, Any]]:
+    """The pods of this module's tests and the bench workload's, as JSON."""
+    w = Workload(claims=8, namespaces=2)
+    out = [bench_pod(j, w) for j in range(8)]
+    health = {"name": "claim:gpu/gpu", "resources": [{"resourceID": "d/p/x", "health": "Unhealthy"}]}
+    out.append(
+        _pod(
+            {"containers": [{"name": "c"}], "resourceClaims": [{"name": "gpu", "resourceClaimName": "c1"}]},
+            {
+                "initContainerStatuses": [{"name": "init", "allocatedResourcesStatus": [health]}],
+                "containerStatuses": [{"name": "c", "allocatedResourcesStatus": [health, {"name": "nvidia.com/gpu"}]}],
+            },
+        )
+    )
+    out.append(_pod())
+    return out
+
+
+def test_a_pod_decoded_from_protobuf_parses_as_its_json() -> None:
+    # The trimmed message built from the JSON (same field names), encoded, decoded again: what the
+    # reflector gets from a protobuf list. The real API server's protobuf is compared with its JSON
+    # in tests/integration/test_pods_protobuf.py.
+    for obj in _pods_of_every_shape():
+        message = json_format.ParseDict(obj, core_pb2.Pod(), ignore_unknown_fields=True)
+        decoded = pod.from_protobuf(message.SerializeToString())
+        a: list[str] = []
+        b: list[str] = []
+        assert pod.parse(decoded, a.append) == pod.parse(obj, b.append)
+        assert a == b
+        assert decoded["metadata"] == {
+            k: v for k, v in obj["metadata"].items() if k in ("name", "namespace", "uid", "resourceVersion")
+        }
+
+
+def test_a_malformed_protobuf_pod_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="malformed protobuf Pod"):
+        pod.from_protobuf(b"\x0a\x05ab")

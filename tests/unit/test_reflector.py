@@ -5,6 +5,10 @@ from __future__ import annotations
 import json
 import threading
 
+import pytest
+
+from otel_dra._generated.k8s import meta_pb2
+from otel_dra.kube import protobuf
 from otel_dra.kube.client import ApiError
 from otel_dra.kube.reflector import Reflector, ResourceType
 
@@ -33,9 +37,11 @@ class _Client:
     def __init__(self, lists, watches, done):
         self.lists, self.watches, self.done = list(lists), list(watches), done
         self.calls = []
+        self.accepts = []
 
-    def get_bytes(self, path, query):
+    def get_bytes(self, path, query, headers=None):
         self.calls.append(("list", dict(query)))
+        self.accepts.append((headers or {}).get("Accept", "application/json"))
         page = self.lists.pop(0)
         if isinstance(page, Exception):
             raise page
@@ -90,10 +96,10 @@ def _obj(name, rv):
     return {"metadata": {"name": name, "resourceVersion": rv}}
 
 
-def _run(lists, watches):
+def _run(lists, watches, resource=RT):
     done = threading.Event()
     client, handler, events = _Client(lists, watches, done), _Handler(), _Events()
-    reflector = Reflector(client, RT, handler, events=events, page_size=2, backoff=(0.001, 0.002), stale_after=60)
+    reflector = Reflector(client, resource, handler, events=events, page_size=2, backoff=(0.001, 0.002), stale_after=60)
     thread = threading.Thread(target=reflector.run, daemon=True)
     thread.start()
     assert done.wait(5)
@@ -429,11 +435,11 @@ def test_stop_during_a_list_ends_it_at_the_next_page_and_leaves_no_thread():
     release, asked = threading.Event(), threading.Event()
 
     class Blocking(_Client):
-        def get_bytes(self, path, query):
+        def get_bytes(self, path, query, headers=None):
             if query.get("continue") == "t1":
                 asked.set()
                 assert release.wait(5)
-            return super().get_bytes(path, query)
+            return super().get_bytes(path, query, headers)
 
     done = threading.Event()
     client = Blocking([_page("ab", "t1"), _page("cd", "t2"), _page("e")], [], done)
@@ -448,3 +454,58 @@ def test_stop_during_a_list_ends_it_at_the_next_page_and_leaves_no_thread():
     assert handler.replaced == 1 and handler.objects == {}  # the handler saw the list fail, not complete
     assert not reflector.state().has_synced
     assert not [t for t in threading.enumerate() if t.name.endswith("-prefetch")]
+
+
+# --- lists as protobuf ------------------------------------------------------------------------------
+
+
+def _pb_item(data: bytes) -> dict:
+    meta = meta_pb2.ObjectMeta.FromString(data)
+    return {"metadata": {"name": meta.name, "resourceVersion": meta.resourceVersion}}
+
+
+PB_RT = ResourceType("pods", "v1", protobuf=_pb_item)
+
+
+def _pb_page(names, token="", rv="10"):
+    """A protobuf list answer as the API server writes it: magic, runtime.Unknown, the list."""
+    page = meta_pb2.List(
+        metadata=meta_pb2.ListMeta(resourceVersion=rv, **{"continue": token}),
+        items=[meta_pb2.ObjectMeta(name=n, resourceVersion="5").SerializeToString() for n in names],
+    )
+    return protobuf.MAGIC + meta_pb2.Unknown(raw=page.SerializeToString()).SerializeToString()
+
+
+def test_protobuf_list_pages_follow_their_continue_tokens():
+    client, handler, _events, reflector = _run([_pb_page("ab", "t1"), _pb_page("c", rv="11")], [], resource=PB_RT)
+    assert [q for kind, q in client.calls if kind == "list"] == [{"limit": 2}, {"limit": 2, "continue": "t1"}]
+    assert client.accepts == [protobuf.ACCEPT] * 2
+    assert sorted(handler.objects) == ["a", "b", "c"]
+    # The watch starts from the first page's resourceVersion, as with JSON.
+    assert [q["resourceVersion"] for kind, q in client.calls if kind == "watch"] == ["10"]
+    assert reflector.state().has_synced
+
+
+def test_a_json_answer_to_a_protobuf_list_is_read_as_json():
+    client, handler, _events, _ = _run([_page("ab", "t1"), _pb_page("c")], [], resource=PB_RT)
+    assert client.accepts == [protobuf.ACCEPT] * 2
+    assert sorted(handler.objects) == ["a", "b", "c"]
+
+
+def test_an_undecodable_protobuf_page_is_counted_and_the_lists_after_it_are_json(caplog):
+    truncated = _pb_page("ab", "t1")[:-3]
+    client, handler, events, _ = _run([truncated, _page("ab")], [], resource=PB_RT)
+    assert ("list_error", 200) in events.seen
+    assert client.accepts == [protobuf.ACCEPT, "application/json"]
+    assert sorted(handler.objects) == ["a", "b"]
+    assert "protobuf list could not be decoded" in caplog.text
+
+
+def test_list_page_refuses_what_is_not_a_protobuf_list():
+    with pytest.raises(ValueError, match="no k8s magic"):
+        protobuf.list_page(b'{"items":[]}')
+    with pytest.raises(ValueError, match="malformed protobuf list"):
+        protobuf.list_page(protobuf.MAGIC + b"\x12\x05ab")
+    compressed = protobuf.MAGIC + meta_pb2.Unknown(raw=b"", contentEncoding="gzip").SerializeToString()
+    with pytest.raises(ValueError, match="content encoding 'gzip'"):
+        protobuf.list_page(compressed)
