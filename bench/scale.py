@@ -53,9 +53,18 @@ from otel_dra.testbed.build import kubernetes_release
 
 
 def curl_time(port: int, gzip: bool = False) -> float:
-    cmd = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code} %{time_total}", f"http://127.0.0.1:{port}/metrics"]
+    cmd = [
+        *PIN["scraper"],
+        "curl",
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code} %{time_total}",
+        f"http://127.0.0.1:{port}/metrics",
+    ]
     if gzip:
-        cmd[1:1] = ["-H", "Accept-Encoding: gzip"]
+        cmd[-1:-1] = ["-H", "Accept-Encoding: gzip"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()
     assert out[0] == "200", out
     return float(out[1])
@@ -83,7 +92,11 @@ def self_metric(port: int, name: str, exporter: str) -> tuple[float, float]:
 
 # --pin: the exporter runs on CPU 0 and the OTLP sink on CPU 1, so that a receiver on the same
 # machine does not take the exporter's CPU (as a Collector on another node would not).
-PIN: dict[str, list[str]] = {"exporter": [], "sink": []}
+# --pin-scraper: once synced (the sync itself runs unpinned), the exporter on CPU 0 and the scraping
+# curl on CPU 1, so that the client's share of a loopback transfer does not land on the exporter's
+# core and where the kernel places the two does not decide the figure (bench/sendpath.py;
+# Prometheus runs on another machine).
+PIN: dict[str, list[str]] = {"exporter": [], "sink": [], "scraper": []}
 # Phase D: the OTLP export interval, and how long scrapes run back to back against the pushes.
 OVERLAP = {"interval": 10.0, "seconds": 120.0}
 # Environment of the exporter processes (--exporter-path).
@@ -275,6 +288,8 @@ def phase_a(
     ex = Exporter(kubeconfig, workdir / f"exporter-{families}-{n}.log", prefix=PIN["exporter"], env=env)
     r["families"] = families
     r["initial_sync_s"] = round(ex.wait_ready(), 2)
+    if PIN["scraper"]:  # the sync ran unpinned; the scrapes with the exporter on CPU 0, all threads
+        subprocess.run(["taskset", "-a", "-p", "-c", "0", str(ex.proc.pid)], check=True, capture_output=True)
     for _ in range(2):
         curl_time(ex.port)
     before = api_requests(admin)
@@ -426,6 +441,7 @@ def main() -> int:
     parser.add_argument("--phases", default="ABCDE", help="which of the phases A-E to run (A always runs)")
     parser.add_argument("--exporter-path", type=Path, default=None, help="run the exporter from this source tree")
     parser.add_argument("--pin", action="store_true", help="exporter on CPU 0, OTLP sink on CPU 1 (taskset)")
+    parser.add_argument("--pin-scraper", action="store_true", help="exporter on CPU 0, curl on CPU 1 (taskset)")
     parser.add_argument(
         "--pods",
         action=argparse.BooleanOptionalAction,
@@ -448,6 +464,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.pin:
         PIN.update(exporter=["taskset", "-c", "0"], sink=["taskset", "-c", "1"])
+    if args.pin_scraper:
+        PIN.update(scraper=["taskset", "-c", "1"])
     OVERLAP.update(interval=args.otlp_interval, seconds=args.overlap_seconds)
     if args.exporter_path:
         EXPORTER_ENV["PYTHONPATH"] = exporter_pythonpath(args.exporter_path.resolve())
@@ -455,6 +473,7 @@ def main() -> int:
         "machine": machine(),
         "date": time.strftime("%Y-%m-%d"),
         "pinned": args.pin,
+        "scraper_pinned": args.pin_scraper,
         "exporter_path": str(args.exporter_path) if args.exporter_path else None,
         "kubernetes": kubernetes_release().version,
         "runs": [],
