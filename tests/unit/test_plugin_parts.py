@@ -494,6 +494,30 @@ def test_retries_idempotent_requests_on_5xx_and_429(flaky_server):
     assert [(r.status, r.retried) for r in records] == [(503, False)]
 
 
+def test_api_error_carries_the_retry_after_of_the_answer(flaky_server):
+    """Without a retry policy (the exporter's client) a 429 is an ApiError that says how long the
+    server asked to wait, for the reflector to honour."""
+    port = flaky_server.server_address[1]
+    _Flaky.plan = {"/t": (5, 429), "/u": (5, 503)}
+    client = _client(port, [], None)
+    with pytest.raises(ApiError) as exc:
+        client.get_json("/t")
+    assert (exc.value.status, exc.value.retry_after) == (429, 0.0)
+    with pytest.raises(ApiError) as exc:
+        client.get_json("/u")
+    assert (exc.value.status, exc.value.retry_after) == (503, None)
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"), [(None, None), ("", None), ("3", 3.0), (" 1.5 ", 1.5), ("-1", None), ("nan", None),
+                            ("Wed, 21 Oct 2015 07:28:00 GMT", None)]
+)
+def test_retry_after_seconds(header, seconds):
+    from otel_dra.kube.client import retry_after_seconds
+
+    assert retry_after_seconds(header) == seconds
+
+
 def test_retries_connection_errors_then_fails(flaky_server):
     port = flaky_server.server_address[1]
     flaky_server.shutdown()
