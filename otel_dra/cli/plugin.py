@@ -225,6 +225,10 @@ def start_plugin(
         cdi = CdiWriter(cdi_root, driver_name, node_name)
         cdi.write_common()
         checkpoint = Checkpoint(plugins_dir / driver_name / "checkpoint.json")
+        if checkpoint.broken is not None:
+            # Not fatal: exiting would restart into the same file (a crash loop); every claim's
+            # prepare and unprepare reports it instead until the operator acts (README, "The checkpoint").
+            log.error("%s", checkpoint.broken)
         driver = Driver(
             client=client,
             driver_name=driver_name,
