@@ -201,8 +201,13 @@ def test_first_push_survives_changes_between_its_segments():
 
 
 def test_counted_requests_say_how_many_points_each_carries():
-    metrics = [(MetricHeader(f"m{i}", "d", "1"), [PointGroup.of(PointEncoder(("k",)).encode(
-        [((f"v{j}",), float(j)) for j in range(40)]))]) for i in range(5)]
+    metrics = [
+        (
+            MetricHeader(f"m{i}", "d", "1"),
+            [PointGroup.of(PointEncoder(("k",)).encode([((f"v{j}",), float(j)) for j in range(40)]))],
+        )
+        for i in range(5)
+    ]
     builder = RequestBuilder(RESOURCE, "s", "v")
     counted = list(builder.counted(metrics, 7, limit=600))
     assert len(counted) > 1

@@ -550,8 +550,16 @@ def test_api_error_carries_the_retry_after_of_the_answer(flaky_server):
 
 
 @pytest.mark.parametrize(
-    ("header", "seconds"), [(None, None), ("", None), ("3", 3.0), (" 1.5 ", 1.5), ("-1", None), ("nan", None),
-                            ("Wed, 21 Oct 2015 07:28:00 GMT", None)]
+    ("header", "seconds"),
+    [
+        (None, None),
+        ("", None),
+        ("3", 3.0),
+        (" 1.5 ", 1.5),
+        ("-1", None),
+        ("nan", None),
+        ("Wed, 21 Oct 2015 07:28:00 GMT", None),
+    ],
 )
 def test_retry_after_seconds(header, seconds):
     from otel_dra.kube.client import retry_after_seconds

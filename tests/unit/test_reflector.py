@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 
@@ -490,7 +491,7 @@ def test_retry_after_is_waited_for_even_when_the_backoff_is_shorter():
         ("watch_error", 429),
         ("watch_error", 0),  # the script's end
     ]
-    gaps = [b - a for a, b in zip(client.times, client.times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(client.times)]
     # list 429, list 429, list ok, watch 429, watch (the script's end): the gap after each 429.
     assert len(gaps) == 4
     assert min(gaps[0], gaps[1], gaps[3]) >= 0.3, gaps
