@@ -153,7 +153,7 @@ class TcpProxy:
     slow network or an overloaded server, as seen from the client). ``cut()``: reset every open
     connection and every new one (a network partition) until ``heal()``. Counts connections."""
 
-    def __init__(self, target: tuple[str, int], latency: float = 0.0) -> None:
+    def __init__(self, target: tuple[str, int], latency: float = 0.0, port: int = 0) -> None:
         self.target = target
         self.latency = latency
         self.connections = 0
@@ -162,7 +162,7 @@ class TcpProxy:
         self._open: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener = listen(port)
         self._listener.settimeout(0.2)
         self.port = int(self._listener.getsockname()[1])
         self._start(self._accept, "proxy-accept")
@@ -259,6 +259,19 @@ class TcpProxy:
                 break
             for t in alive:
                 t.join(0.1)
+
+
+def listen(port: int = 0) -> socket.socket:
+    """A loopback listener on ``port``; a port just given up by another listener of this test may
+    take a moment to be free again."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return socket.create_server(("127.0.0.1", port))
+        except OSError:
+            if not port or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def _reset(sock: socket.socket) -> None:
