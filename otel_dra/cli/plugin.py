@@ -300,7 +300,6 @@ def start_plugin(
 
 def cmd_plugin(args: argparse.Namespace) -> int:
     from otel_dra.kube.client import CredentialsError
-    from otel_dra.plugin.checkpoint import CheckpointError
     from otel_dra.plugin.nvml import DiscoveryError
     from otel_dra.plugin.server import PluginStartError
     from otel_dra.telemetry.otlp import ConfigError
@@ -333,7 +332,7 @@ def cmd_plugin(args: argparse.Namespace) -> int:
     except (CredentialsError, ConfigError) as exc:
         log.error("%s", exc)
         return 2
-    except (PluginStartError, CheckpointError, DiscoveryError) as exc:
+    except (PluginStartError, DiscoveryError) as exc:
         log.error("%s", exc)
         return 1
     except OSError as exc:
