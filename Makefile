@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install peers protos lint test test-unit fuzz golden run sandbox bench bench-scale bench-plugin manifests ci clean
+.PHONY: install peers protos lint test test-unit test-faults fuzz golden run sandbox bench bench-scale bench-plugin manifests ci clean
 
 install: $(VENV)/.installed
 
@@ -41,6 +41,13 @@ test-unit: install
 # per kind); HYPOTHESIS_PROFILE=dev is a quick run of 200.
 fuzz: install
 	HYPOTHESIS_PROFILE=deep $(BIN)/pytest -m fuzz tests/fuzz $(PYTEST_ARGS)
+
+# The fault-injection suite (tests/faults, marker `faults`; part of `make test`): kube-apiserver killed
+# and restarted, a watch resumed after etcd compaction (410), priority-and-fairness throttling (429
+# with Retry-After) and a slow link, the OTLP endpoint down, black-holed and answering 503, the plugin
+# SIGKILLed between prepare and unprepare, a truncated checkpoint, a read-only or full CDI directory.
+test-faults: peers
+	$(BIN)/pytest -m faults tests/faults $(PYTEST_ARGS)
 
 # Regenerate the golden expositions (tests/golden/*.prom) from the real testbed, after a change to
 # a family or to the golden objects. Review `git diff tests/golden` line by line before committing.

@@ -283,6 +283,7 @@ def start_exporter(
             RequestBuilder(pipeline.resource, SCOPE, __version__),
             raw_sender(pipeline.otlp),
             on_export=on_export,
+            on_dropped=state.record_dropped_points,
             priority=priority,
         )
     web = web or WebOptions()

@@ -225,6 +225,10 @@ def start_plugin(
         cdi = CdiWriter(cdi_root, driver_name, node_name)
         cdi.write_common()
         checkpoint = Checkpoint(plugins_dir / driver_name / "checkpoint.json")
+        if checkpoint.broken is not None:
+            # Not fatal: exiting would restart into the same file (a crash loop); every claim's
+            # prepare and unprepare reports it instead until the operator acts (README, "The checkpoint").
+            log.error("%s", checkpoint.broken)
         driver = Driver(
             client=client,
             driver_name=driver_name,
@@ -296,7 +300,6 @@ def start_plugin(
 
 def cmd_plugin(args: argparse.Namespace) -> int:
     from otel_dra.kube.client import CredentialsError
-    from otel_dra.plugin.checkpoint import CheckpointError
     from otel_dra.plugin.nvml import DiscoveryError
     from otel_dra.plugin.server import PluginStartError
     from otel_dra.telemetry.otlp import ConfigError
@@ -329,7 +332,7 @@ def cmd_plugin(args: argparse.Namespace) -> int:
     except (CredentialsError, ConfigError) as exc:
         log.error("%s", exc)
         return 2
-    except (PluginStartError, CheckpointError, DiscoveryError) as exc:
+    except (PluginStartError, DiscoveryError) as exc:
         log.error("%s", exc)
         return 1
     except OSError as exc:

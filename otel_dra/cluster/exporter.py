@@ -74,6 +74,13 @@ class _SelfMetrics:
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )
 
+        self.otlp_dropped = meter.create_counter(
+            "otel_dra.otlp.points.dropped",
+            "{point}",
+            "Cluster-state data points of OTLP pushes the endpoint did not take (refused, failed, or not "
+            "answered within the export timeout); not retried later, the next push carries the current state.",
+        )
+
     # ReflectorEvents
     def watch_event(self, resource: str, event_type: str) -> None:
         self.events.add(1, {"resource": resource, "type": event_type})
@@ -282,6 +289,10 @@ class ClusterState:
         self._metrics.duration.record(seconds, {"exporter": exporter})
         if cpu_seconds is not None:
             self._metrics.cpu.record(cpu_seconds, {"exporter": exporter})
+
+    def record_dropped_points(self, points: int) -> None:
+        """An OTLP request of ``points`` cluster-state points was not delivered."""
+        self._metrics.otlp_dropped.add(points)
 
     # --- OTLP: pre-encoded points ----------------------------------------------------------------
     def otlp_source(self) -> list[tuple[MetricHeader, list[PointGroup]]] | None:

@@ -33,12 +33,15 @@ class CredentialsError(RuntimeError):
 
 
 class ApiError(Exception):
-    """A non-2xx answer from the API server (``status`` 0: no answer at all)."""
+    """A non-2xx answer from the API server (``status`` 0: no answer at all). ``retry_after``: the
+    seconds its ``Retry-After`` header asked for (429 from priority and fairness or max-in-flight,
+    503), None when it sent none (or an HTTP date, which the API server never sends)."""
 
-    def __init__(self, status: int, reason: str, body: str = "") -> None:
+    def __init__(self, status: int, reason: str, body: str = "", retry_after: float | None = None) -> None:
         self.status = status
         self.reason = reason
         self.body = body
+        self.retry_after = retry_after
         message = reason
         try:
             parsed = json.loads(body) if body else None
@@ -276,7 +279,7 @@ class KubeClient:
                 resp.release_conn()
             if retry:
                 raise _Retry(resp.headers.get("Retry-After"))
-            raise ApiError(status, resp.reason or "", text)
+            raise ApiError(status, resp.reason or "", text, retry_after_seconds(resp.headers.get("Retry-After")))
         return resp
 
     def _observe(self, method: str, path: str, status: int, start: float, retried: bool) -> None:
@@ -307,6 +310,17 @@ class KubeClient:
 
     def send_json(self, method: str, path: str, body: Any, content_type: str = "application/json") -> Any:
         return json.loads(self.request(method, path, body=body, content_type=content_type).data)
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """A ``Retry-After`` header in seconds (delta-seconds only); None when absent or not a number."""
+    if not value:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if 0 <= seconds < float("inf") else None
 
 
 class _Retry(Exception):

@@ -7,7 +7,10 @@
 - The watch asks for bookmarks and resumes from the last resourceVersion it saw.
 - ``410 Gone`` (as an HTTP answer or a watch ERROR event) means our resourceVersion is too old:
   we relist.
-- Errors back off exponentially with full jitter, capped, and reset after success.
+- Errors back off exponentially with full jitter, capped, and reset after success. An answer with
+  ``Retry-After`` (429 from priority and fairness or max-in-flight, 503) is waited for at least as
+  long as it asks (up to ``MAX_RETRY_AFTER``), so a throttled exporter never comes back sooner than
+  the API server said.
 
 Sync state, which gates ``/metrics``: the cache is *synced* once a list has completed, and stays
 synced while the watch is healthy. When the watch breaks, the cache still serves what it has for
@@ -43,6 +46,10 @@ from otel_dra.kube import protobuf
 from otel_dra.kube.client import ApiError, KubeClient
 
 log = logging.getLogger(__name__)
+
+# The longest Retry-After honoured, in seconds (a larger one is waited for this long): the API
+# server's priority and fairness answers 1 s and more after repeated rejections.
+MAX_RETRY_AFTER = 300.0
 
 
 @dataclass(frozen=True)
@@ -227,6 +234,7 @@ class Reflector:
         resource_version: str | None = None
         relist_reason = "initial"
         while not self._stop.is_set():
+            server_wait: float | None = None  # the Retry-After of the failed request, if any
             try:
                 if resource_version is None:
                     if relist_reason != "initial" and self.events:
@@ -253,14 +261,19 @@ class Reflector:
                 if self._stop.is_set():
                     break
                 self._failed(self._describe(exc))
+                server_wait = exc.retry_after
             except Exception as exc:  # a bug or a malformed stream must not kill the thread
                 if self._stop.is_set():
                     break
                 log.exception("%s: unexpected error", self.resource.plural)
                 self._failed(f"unexpected error: {exc}")
                 resource_version, relist_reason = None, "error"
-            # Full jitter: spreads reconnects of many replicas after an API server restart.
-            self._stop.wait(random.uniform(0, delay))
+            # Full jitter: spreads reconnects of many replicas after an API server restart; never
+            # sooner than a Retry-After asked (throttled replicas must not come back in a storm).
+            wait = random.uniform(0, delay)
+            if server_wait is not None:
+                wait = max(wait, min(server_wait, MAX_RETRY_AFTER))
+            self._stop.wait(wait)
             delay = min(delay * 2, self.backoff[1])
 
     def _optional_error(self, exc: ApiError) -> None:
@@ -297,7 +310,7 @@ class Reflector:
             try:
                 found = self.discover(self.client)
             except ApiError as exc:
-                raise ApiError(exc.status, f"API discovery failed: {exc.message}", exc.body) from exc
+                raise ApiError(exc.status, f"API discovery failed: {exc.message}", exc.body, exc.retry_after) from exc
             if found is None:
                 raise _Unavailable("not served by the API server (not found by API discovery)")
             self.resource = found
@@ -371,7 +384,7 @@ class Reflector:
                     # Logged here: the reason is the list, not an expired watch version.
                     log.info("%s: list continuation expired (410), listing again", self.resource.plural)
                     raise _Gone() from exc
-                raise ApiError(exc.status, f"list failed: {exc.message}", exc.body) from exc
+                raise ApiError(exc.status, f"list failed: {exc.message}", exc.body, exc.retry_after) from exc
             except (ValueError, DecodeError) as exc:
                 if self.events:
                     self.events.list_error(self.resource.plural, 200)
@@ -415,7 +428,7 @@ class Reflector:
             self._optional_error(exc)
             if exc.status == 410:
                 raise _Gone() from exc
-            raise ApiError(exc.status, f"watch failed: {exc.message}", exc.body) from exc
+            raise ApiError(exc.status, f"watch failed: {exc.message}", exc.body, exc.retry_after) from exc
         self._response = resp
         self._progress()
         try:

@@ -4,10 +4,20 @@ A JSON file under the plugin's directory, replaced atomically on every change, s
 stays idempotent across plugin restarts (the kubelet repeats NodePrepareResources for running
 pods after a restart, and must get the same devices back) and unprepare still knows what to
 remove.
+
+A checkpoint that exists but cannot be used (truncated, corrupted, of an unknown version,
+unreadable) is never replaced by an empty one, which would forget what was prepared, and never
+stops the plugin either (under a DaemonSet that is a crash loop that fixes nothing). The plugin
+serves on, and every prepare and unprepare fails for that claim with the reason and the way out;
+the kubelet retries them. Each such call reads the file again, so once the operator has fixed it,
+or moved it away to start empty (``mv checkpoint.json checkpoint.json.broken``; unprepare removes a
+claim's CDI spec by UID even without an entry, so nothing is left behind), the next retry
+succeeds without a restart. README.md, "The checkpoint", says so for operators.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from dataclasses import asdict, dataclass
@@ -65,15 +75,36 @@ class PreparedClaim:
 
 
 class Checkpoint:
-    """Prepared claims by UID, in memory and on disk. Thread-safe."""
+    """Prepared claims by UID, in memory and on disk. Thread-safe.
+
+    ``broken`` is the error of a checkpoint file that could not be loaded (None once loaded);
+    while it is set, every method but ``uids`` raises it, after reading the file once more."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._claims: dict[str, PreparedClaim] = self._load()
+        self._claims: dict[str, PreparedClaim] = {}
         # Each entry's JSON form, made once when the claim is recorded: every change rewrites the
         # whole file, and converting every entry again made a write grow with the prepared claims.
-        self._entries: dict[str, dict[str, Any]] = {uid: c.to_json() for uid, c in self._claims.items()}
+        self._entries: dict[str, dict[str, Any]] = {}
+        self.broken: CheckpointError | None = None
+        with self._lock, contextlib.suppress(CheckpointError):
+            self._reload()  # a broken file is reported by each call (see the module notes)
+
+    def _reload(self) -> None:
+        """Load the file if it has not been loaded yet; raise CheckpointError while it is unusable."""
+        try:
+            claims = self._load()
+        except CheckpointError as exc:
+            self.broken = exc
+            raise
+        self._claims = claims
+        self._entries = {uid: c.to_json() for uid, c in claims.items()}
+        self.broken = None
+
+    def _usable(self) -> None:
+        if self.broken is not None:
+            self._reload()
 
     def _load(self) -> dict[str, PreparedClaim]:
         try:
@@ -81,7 +112,7 @@ class Checkpoint:
         except FileNotFoundError:
             return {}
         except OSError as exc:
-            raise CheckpointError(f"cannot read checkpoint {self.path}: {exc}") from exc
+            raise CheckpointError(f"cannot read checkpoint {self.path}: {exc}; {self._way_out()}") from exc
         try:
             data = json.loads(raw)
             if not isinstance(data, dict):
@@ -93,9 +124,16 @@ class Checkpoint:
                 raise ValueError("'claims' is not an object")
             return {str(uid): PreparedClaim.from_json(entry) for uid, entry in claims.items()}
         except (ValueError, KeyError, TypeError) as exc:
-            # Refuse rather than start empty: an empty checkpoint would forget prepared claims whose
-            # CDI files then never get removed. The operator decides (fix or delete the file).
-            raise CheckpointError(f"checkpoint {self.path} is unreadable ({exc}); fix or remove it") from exc
+            # Refuse rather than start empty: an empty checkpoint would forget the prepared claims
+            # (a restarted kubelet's re-prepare of a claim deleted meanwhile answers from it). The
+            # operator decides; the file stays as it is.
+            raise CheckpointError(f"checkpoint {self.path} is unreadable ({exc!r}); {self._way_out()}") from exc
+
+    def _way_out(self) -> str:
+        return (
+            f"no claim is prepared or unprepared until it is fixed or moved away (mv {self.path} "
+            f"{self.path}.broken starts an empty one); it is read again at the next call, no restart needed"
+        )
 
     def _save(self, entries: dict[str, dict[str, Any]]) -> None:
         data = {"version": VERSION, "claims": entries}
@@ -103,6 +141,7 @@ class Checkpoint:
 
     def get(self, uid: str) -> PreparedClaim | None:
         with self._lock:
+            self._usable()
             return self._claims.get(uid)
 
     def uids(self) -> list[str]:
@@ -112,6 +151,7 @@ class Checkpoint:
     def put(self, uid: str, claim: PreparedClaim) -> None:
         """Record a prepared claim; on a write error nothing changes (memory follows the disk)."""
         with self._lock:
+            self._usable()
             entries = {**self._entries, uid: claim.to_json()}
             self._save(entries)
             self._claims = {**self._claims, uid: claim}
@@ -119,6 +159,7 @@ class Checkpoint:
 
     def remove(self, uid: str) -> bool:
         with self._lock:
+            self._usable()
             if uid not in self._claims:
                 return False
             entries = {k: v for k, v in self._entries.items() if k != uid}

@@ -30,7 +30,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from otel_dra import __version__
 from otel_dra.kube.client import ApiError, KubeClient
 from otel_dra.plugin.cdi import CdiWriter
-from otel_dra.plugin.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from otel_dra.plugin.checkpoint import Checkpoint, CheckpointError, PreparedClaim, PreparedDevice
 from otel_dra.plugin.devices import Device
 from otel_dra.plugin.metrics import PluginMetrics
 
@@ -185,6 +185,9 @@ class Driver:
             try:
                 devices = work(ref, span, watch)
             except Exception as exc:
+                if isinstance(exc, CheckpointError):
+                    # The checkpoint file is unusable: the message says why and the way out.
+                    exc = ClaimError("CheckpointUnreadable", str(exc))
                 kind = exc.kind if isinstance(exc, ClaimError) else "Internal"
                 if not isinstance(exc, ClaimError):
                     log.exception("%s of claim %s failed unexpectedly", operation, ref)

@@ -91,6 +91,7 @@ class PreEncodedPusher:
         *,
         interval_s: float | None = None,
         on_export: Callable[[float, float, bool], None] | None = None,
+        on_dropped: Callable[[int], None] | None = None,
         pace_s: float = 0.005,
         priority: ScrapePriority | None = None,
         max_defer_s: float | None = None,
@@ -101,6 +102,10 @@ class PreEncodedPusher:
         self._sender = sender
         self._interval = interval_s if interval_s is not None else metric_export_interval_ms() / 1000
         self._on_export = on_export  # (wall seconds, CPU seconds of this thread, ok)
+        # Data points of requests the endpoint did not take (refused, failed, or no answer within
+        # the exporter's timeout, retries included). They are not kept for later: the next push
+        # carries the current state, so memory stays bounded however long the endpoint is away.
+        self._on_dropped = on_dropped
         # A short pause between requests hands the CPU and the GIL to scrapes in between: at 10^5
         # claims a push is ~30 requests of 3 MiB, each built in C while holding the GIL.
         self._pace = pace_s
@@ -134,7 +139,7 @@ class PreEncodedPusher:
                 if metrics is None:
                     return False
                 defer_left = self._max_defer
-                requests = iter(self._builder.requests(metrics, time.time_ns()))
+                requests = iter(self._builder.counted(metrics, time.time_ns()))
                 spent = 0.0  # building and sending the previous request
                 for i in itertools.count():
                     if i and not self._stop.is_set():
@@ -146,10 +151,15 @@ class PreEncodedPusher:
                     if self._priority is not None and not self._stop.is_set():
                         defer_left -= self._priority.wait_idle(defer_left)
                     began = time.monotonic()
-                    request = next(requests, None)  # built here, after any wait
-                    if request is None:
+                    built = next(requests, None)  # built here, after any wait
+                    if built is None:
                         break
-                    ok = self._sender.send(request) and ok
+                    request, points = built
+                    sent = self._sender.send(request)
+                    del request, built
+                    if not sent and self._on_dropped is not None:
+                        self._on_dropped(points)
+                    ok = sent and ok
                     spent = time.monotonic() - began
             except Exception:  # an export failure must never end the pushing thread
                 log.exception("OTLP export of cluster state failed")

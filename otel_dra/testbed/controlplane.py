@@ -231,6 +231,15 @@ class Testbed:
         self._stop(APISERVER, timeout)
         self._save_state()
 
+    def kill_apiserver(self, timeout: float = _STOP_TIMEOUT) -> None:
+        """SIGKILL kube-apiserver (no graceful shutdown: open watches see their connections reset,
+        not closed), as a crash or an OOM kill would; ``start_apiserver`` brings it back."""
+        comp = self.components.get(APISERVER)
+        if comp and comp.get("pid") and _process_alive(int(comp["pid"]), comp.get("start_time")):
+            _signal_group(int(comp["pid"]), signal.SIGKILL)
+        self._stop(APISERVER, timeout)  # reaps it (and signals nothing more once it is gone)
+        self._save_state()
+
     def start_apiserver(self, timeout: float = 120) -> None:
         """Start kube-apiserver again with the same flags, port and etcd; return once it is ready."""
         comp = self.components.get(APISERVER)

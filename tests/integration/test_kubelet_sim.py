@@ -10,6 +10,7 @@ import os
 import secrets
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,8 @@ class Cluster:
         self.sim.start()
         self.start_plugin()
 
-    def start_plugin(self) -> None:
+    def start_plugin(self, prefix: Sequence[str] = ()) -> None:
+        """Start the plugin (``prefix``: a command it runs under) and wait for its registration."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
         env.update(
             OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"http://127.0.0.1:{self.receiver.grpc_port}",
@@ -92,7 +94,7 @@ class Cluster:
             OTEL_SERVICE_NAME="plugin-under-test",
         )
         self.plugin = start_plugin(
-            self.node, self.root, self.kubeconfig, self.metrics_port, driver=self.driver, env=env
+            self.node, self.root, self.kubeconfig, self.metrics_port, driver=self.driver, env=env, prefix=prefix
         )
         plugin, watcher = self.plugin, self.sim.watchers[self.node]
         wait_until(

@@ -100,6 +100,7 @@ def test_self_metrics_documented():
     m.watch_error("resourceclaims", 0)
     state._count_problem("deviceclasses")
     state.record_collection(0.01, "prometheus", 0.005)
+    state.record_dropped_points(3)
     for r in state.reflectors:
         r._last_sync_wall = 1.0
     exported = {

@@ -11,7 +11,7 @@ from opentelemetry.sdk.resources import Resource
 
 from otel_dra.cluster import deviceclass
 from otel_dra.cluster.store import ObjectStore
-from otel_dra.telemetry.otlp_encode import PointEncoder, PointGroup, RequestBuilder
+from otel_dra.telemetry.otlp_encode import MetricHeader, PointEncoder, PointGroup, RequestBuilder
 from tests.unit.sample_stores import register_sdk_gauges, sample_stores
 
 RESOURCE = Resource.create({"service.name": "t", "k8s.cluster.name": "c"})
@@ -198,3 +198,23 @@ def test_first_push_survives_changes_between_its_segments():
     fresh.replace([*later[:3], obj("d3", 3, 8), *later[4:]])
     want, _, _ = _points([ExportMetricsServiceRequest.FromString(r) for r in builder.requests(fresh.otlp_metrics(), 1)])
     assert got == want
+
+
+def test_counted_requests_say_how_many_points_each_carries():
+    metrics = [
+        (
+            MetricHeader(f"m{i}", "d", "1"),
+            [PointGroup.of(PointEncoder(("k",)).encode([((f"v{j}",), float(j)) for j in range(40)]))],
+        )
+        for i in range(5)
+    ]
+    builder = RequestBuilder(RESOURCE, "s", "v")
+    counted = list(builder.counted(metrics, 7, limit=600))
+    assert len(counted) > 1
+    for raw, points in counted:
+        decoded = ExportMetricsServiceRequest.FromString(raw)
+        assert points == sum(
+            len(m.gauge.data_points) for rm in decoded.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+        )
+    assert sum(p for _, p in counted) == 200
+    assert [r for r, _ in counted] == list(builder.requests(metrics, 7, limit=600))

@@ -281,11 +281,52 @@ def test_checkpoint_write_failure_changes_nothing(tmp_path):
     [b"{not json", b"[]", b'{"version": 99, "claims": {}}', b'{"version": 1, "claims": {"u": {"devices": 3}}}'],
 )
 def test_corrupt_checkpoint_is_refused_with_its_path(tmp_path, content):
+    """Loading does not raise (the plugin must not exit into a crash loop); every use does, with
+    the path and the way out, and the file is left as it was."""
     path = tmp_path / "checkpoint.json"
     path.write_bytes(content)
-    with pytest.raises(CheckpointError, match=str(path)):
-        Checkpoint(path)
+    cp = Checkpoint(path)
+    assert cp.broken is not None and str(path) in str(cp.broken)
+    for use in (lambda: cp.get("u"), lambda: cp.put("u", _prepared()), lambda: cp.remove("u")):
+        with pytest.raises(CheckpointError, match=str(path)) as exc:
+            use()
+        assert f"mv {path} {path}.broken" in str(exc.value)
     assert path.read_bytes() == content  # nothing lost: the operator decides
+
+
+@pytest.mark.parametrize("fix", ["move away", "repair"])
+def test_a_broken_checkpoint_is_read_again_once_the_operator_acts(tmp_path, fix):
+    path = tmp_path / "checkpoint.json"
+    good = Checkpoint(path)
+    good.put("u", _prepared())
+    intact = path.read_bytes()
+    path.write_bytes(intact[: len(intact) // 2])  # truncated
+    cp = Checkpoint(path)
+    with pytest.raises(CheckpointError, match="unreadable"):
+        cp.get("u")
+    if fix == "move away":
+        path.rename(path.with_name("checkpoint.json.broken"))
+        assert cp.get("u") is None  # empty, and usable
+        cp.put("v", _prepared())
+        assert Checkpoint(path).uids() == ["v"]
+    else:
+        path.write_bytes(intact)
+        assert cp.get("u") == _prepared()
+    assert cp.broken is None
+
+
+def test_driver_reports_a_broken_checkpoint_per_claim_and_recovers(tmp_path):
+    from otel_dra.plugin.driver import ClaimRef
+
+    (tmp_path / "checkpoint.json").write_bytes(b'{"version": 1, "claims": {"u1": ')  # truncated
+    driver = _driver(tmp_path)
+    ref = ClaimRef("ns", "u1", "c")
+    for result in (driver.prepare([ref])["u1"], driver.unprepare([ref])["u1"]):
+        assert "checkpoint" in result.error and "unreadable" in result.error and ".broken" in result.error
+    assert not driver.cdi.claim_spec_path("u1").exists()  # nothing acted on a state it cannot know
+    (tmp_path / "checkpoint.json").rename(tmp_path / "checkpoint.json.broken")
+    assert driver.prepare([ref])["u1"].ok  # the kubelet's retry
+    assert driver.unprepare([ref])["u1"].ok
 
 
 # --- sockets -------------------------------------------------------------------------------------
@@ -492,6 +533,38 @@ def test_retries_idempotent_requests_on_5xx_and_429(flaky_server):
     with pytest.raises(ApiError):
         client.send_json("POST", "/p", {})  # not idempotent: never repeated
     assert [(r.status, r.retried) for r in records] == [(503, False)]
+
+
+def test_api_error_carries_the_retry_after_of_the_answer(flaky_server):
+    """Without a retry policy (the exporter's client) a 429 is an ApiError that says how long the
+    server asked to wait, for the reflector to honour."""
+    port = flaky_server.server_address[1]
+    _Flaky.plan = {"/t": (5, 429), "/u": (5, 503)}
+    client = _client(port, [], None)
+    with pytest.raises(ApiError) as exc:
+        client.get_json("/t")
+    assert (exc.value.status, exc.value.retry_after) == (429, 0.0)
+    with pytest.raises(ApiError) as exc:
+        client.get_json("/u")
+    assert (exc.value.status, exc.value.retry_after) == (503, None)
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [
+        (None, None),
+        ("", None),
+        ("3", 3.0),
+        (" 1.5 ", 1.5),
+        ("-1", None),
+        ("nan", None),
+        ("Wed, 21 Oct 2015 07:28:00 GMT", None),
+    ],
+)
+def test_retry_after_seconds(header, seconds):
+    from otel_dra.kube.client import retry_after_seconds
+
+    assert retry_after_seconds(header) == seconds
 
 
 def test_retries_connection_errors_then_fails(flaky_server):

@@ -18,8 +18,8 @@ from tests.unit.sample_stores import sample_stores
 class SmallRequests(RequestBuilder):
     """Splits the sample state into many small requests, as 10^5 claims split into ~30."""
 
-    def requests(self, metrics, time_unix_nano, limit=600):  # type: ignore[no-untyped-def,override]
-        return super().requests(metrics, time_unix_nano, limit)
+    def counted(self, metrics, time_unix_nano, limit=600):  # type: ignore[no-untyped-def,override]
+        return super().counted(metrics, time_unix_nano, limit)
 
 
 class RecordingSender:
@@ -118,3 +118,52 @@ def test_metrics_server_marks_scrapes_in_flight():
         srv.stop()
     assert waited and waited[0] >= 0.09
     assert priority.wait_idle(1.0) == 0.0  # and none once the scrape has been served
+
+
+class FailingSender(RecordingSender):
+    """Takes every other request; records the points of each request it is handed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.taken: list[int] = []
+        self.refused: list[int] = []
+
+    def send(self, request: bytes) -> bool:
+        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+        super().send(request)
+        decoded = ExportMetricsServiceRequest.FromString(request)
+        points = sum(
+            len(m.gauge.data_points) for rm in decoded.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+        )
+        ok = len(self.sent) % 2 == 0
+        (self.taken if ok else self.refused).append(points)
+        return ok
+
+
+def test_points_of_failed_requests_are_counted_as_dropped():
+    stores = sample_stores(otlp=True, segment_size=2)
+    metrics = [m for s in stores for m in s.otlp_metrics()]
+    sender, dropped = FailingSender(), []
+    pusher = PreEncodedPusher(
+        lambda: metrics,
+        SmallRequests(Resource.create({"service.name": "t"}), "s", "v"),
+        sender,
+        interval_s=3600,
+        pace_s=0,
+        on_dropped=dropped.append,
+    )
+    assert pusher.export() is False
+    assert len(sender.sent) >= 4 and sender.refused and sender.taken
+    assert dropped == sender.refused  # one call per failed request, with its points
+    assert sum(sender.taken) + sum(dropped) == sum(len(list(_points(m))) for m in metrics)
+
+
+def _points(metric):  # type: ignore[no-untyped-def]
+    """The points of one (header, groups) pair, decoded."""
+    from opentelemetry.proto.metrics.v1.metrics_pb2 import Gauge
+
+    _header, groups = metric
+    for group in groups:
+        for buffer in group.raw():
+            yield from Gauge.FromString(buffer).data_points

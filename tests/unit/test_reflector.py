@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
+import time
 
 import pytest
 
@@ -509,3 +511,61 @@ def test_list_page_refuses_what_is_not_a_protobuf_list():
     compressed = protobuf.MAGIC + meta_pb2.Unknown(raw=b"", contentEncoding="gzip").SerializeToString()
     with pytest.raises(ValueError, match="content encoding 'gzip'"):
         protobuf.list_page(compressed)
+
+
+class _TimedClient(_Client):
+    """Records when each request was made."""
+
+    def __init__(self, lists, watches, done):
+        super().__init__(lists, watches, done)
+        self.times = []
+
+    def get_bytes(self, path, query, headers=None):
+        self.times.append(time.monotonic())
+        return super().get_bytes(path, query, headers)
+
+    def request(self, method, path, *, query, stream, timeout):
+        import time
+
+        self.times.append(time.monotonic())
+        return super().request(method, path, query=query, stream=stream, timeout=timeout)
+
+
+def test_retry_after_is_waited_for_even_when_the_backoff_is_shorter():
+    """A throttled list or watch (429 with Retry-After, as priority and fairness answers) is not
+    repeated before the server said: with a 1 ms backoff, the retries still wait 0.3 s."""
+    page = {"metadata": {"resourceVersion": "1"}, "items": []}
+    throttled = ApiError(429, "Too Many Requests", "", retry_after=0.3)
+    done = threading.Event()
+    client = _TimedClient([throttled, throttled, page], [ApiError(429, "Too Many Requests", "", 0.3)], done)
+    events = _Events()
+    reflector = Reflector(client, RT, _Handler(), events=events, backoff=(0.001, 0.002), stale_after=60)
+    thread = threading.Thread(target=reflector.run, daemon=True)
+    thread.start()
+    assert done.wait(5)
+    reflector.stop()
+    thread.join(5)
+    assert [e for e in events.seen if e[0].endswith("error")] == [
+        ("list_error", 429),
+        ("list_error", 429),
+        ("watch_error", 429),
+        ("watch_error", 0),  # the script's end
+    ]
+    gaps = [b - a for a, b in itertools.pairwise(client.times)]
+    # list 429, list 429, list ok, watch 429, watch (the script's end): the gap after each 429.
+    assert len(gaps) == 4
+    assert min(gaps[0], gaps[1], gaps[3]) >= 0.3, gaps
+    assert gaps[2] < 0.3, gaps  # no wait after a success
+
+
+def test_without_retry_after_the_backoff_alone_decides():
+    page = {"metadata": {"resourceVersion": "1"}, "items": []}
+    done = threading.Event()
+    client = _TimedClient([ApiError(429, "Too Many Requests"), page], [], done)
+    reflector = Reflector(client, RT, _Handler(), backoff=(0.001, 0.002), stale_after=60)
+    thread = threading.Thread(target=reflector.run, daemon=True)
+    thread.start()
+    assert done.wait(5)
+    reflector.stop()
+    thread.join(5)
+    assert client.times[1] - client.times[0] < 0.2
