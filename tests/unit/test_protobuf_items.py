@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from google.protobuf import json_format
 
-from otel_dra._generated.k8s import resource_pb2
+from otel_dra._generated.k8s import meta_pb2, resource_pb2
 from otel_dra.cluster import resourceclaim
+from otel_dra.kube import protobuf
 from otel_dra.cluster.fields import parse_time
 from tests.fuzz.world import seeds
 
@@ -81,3 +82,11 @@ def test_the_golden_claims_cover_what_the_decoder_converts() -> None:
 def test_a_malformed_protobuf_claim_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="malformed protobuf ResourceClaim"):
         resourceclaim.from_protobuf(b"\x0a\x05ab")
+
+
+def test_times_read_as_their_json_form() -> None:
+    assert protobuf.time_text(meta_pb2.Time(seconds=1_796_009_166)) == "2026-11-30T03:26:06Z"
+    # JSON has seconds only; an unset non-pointer metav1.Time (Go's zero time) is null there.
+    assert protobuf.time_text(meta_pb2.Time(seconds=1_796_009_166, nanos=5)) == "2026-11-30T03:26:06Z"
+    assert protobuf.time_text(meta_pb2.Time(seconds=-62135596800)) is None
+    assert protobuf.time_text(meta_pb2.Time(seconds=2**62)) is None  # beyond gmtime: unset, not a crash
