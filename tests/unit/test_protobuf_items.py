@@ -16,8 +16,8 @@ from google.protobuf import json_format
 
 from otel_dra._generated.k8s import meta_pb2, resource_pb2
 from otel_dra.cluster import resourceclaim
-from otel_dra.kube import protobuf
 from otel_dra.cluster.fields import parse_time
+from otel_dra.kube import protobuf
 from tests.fuzz.world import seeds
 
 # JSON fields that are a metav1.Time (an RFC 3339 string in JSON, {seconds, nanos} in protobuf).
