@@ -225,6 +225,8 @@ def self_metrics(body: bytes) -> dict[str, float]:
         ("otel_dra_collection_duration_seconds_sum", "otlp_wall_s"),
         ("otel_dra_collection_cpu_time_seconds_sum", "otlp_cpu_s"),
         ("otel_dra_collection_duration_seconds_count", "prometheus_collections"),
+        ("otel_dra_collection_duration_seconds_sum", "prometheus_wall_s"),
+        ("otel_dra_collection_cpu_time_seconds_sum", "prometheus_cpu_s"),
     ):
         exporter = "prometheus" if key.startswith("prometheus") else "otlp"
         m = re.search(rb"^" + name.encode() + rb'\{exporter="' + exporter.encode() + rb'"\} (\S+)$', body, re.M)
@@ -237,14 +239,32 @@ def loadavg() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
-def soak(ex: Exporter, args: argparse.Namespace, kubeconfig: str, w: Workload, sink_port: int) -> dict[str, Any]:
+def watches_ended(admin: KubeClient) -> dict[str, float]:
+    """WATCH requests the API server has finished, by resource (apiserver_request_total counts a
+    request when it ends): each is one watch the exporter had to start again."""
+    out: dict[str, float] = {}
+    for m in re.finditer(
+        r'^apiserver_request_total\{([^}]*verb="WATCH"[^}]*)\} (\S+)$',
+        admin.request("GET", "/metrics").data.decode(),
+        re.M,
+    ):
+        resource = re.search(r'resource="([^"]*)"', m[1])
+        if resource:
+            key = f"watches_ended_{resource[1]}"
+            out[key] = out.get(key, 0.0) + float(m[2])
+    return out
+
+
+def soak(
+    ex: Exporter, args: argparse.Namespace, kubeconfig: str, w: Workload, sink_port: int, admin: KubeClient
+) -> dict[str, Any]:
     """The soak itself, from the exporter being ready: samples, scrapes, stats, for ``args.minutes``."""
     duration = args.minutes * 60
     pushes = PushLog(Path(ex.log.name))
     samples: list[dict[str, Any]] = []
     scrapes: list[dict[str, Any]] = []
     stats: list[dict[str, Any]] = []
-    t0 = time.monotonic()
+    t0, t0_wall = time.monotonic(), time.time()
     stop = threading.Event()
 
     def sample() -> None:
@@ -281,7 +301,7 @@ def soak(ex: Exporter, args: argparse.Namespace, kubeconfig: str, w: Workload, s
             if now >= next_stats:
                 code, body = get(f"http://127.0.0.1:{ex.port}/metrics")
                 if code == 200:
-                    stats.append({"t": round(time.monotonic() - t0, 2), **self_metrics(body)})
+                    stats.append({"t": round(time.monotonic() - t0, 2), **self_metrics(body), **watches_ended(admin)})
                 del body
                 next_stats += args.stats_seconds
             code, seconds = curl_scrape(ex.port)
@@ -300,7 +320,7 @@ def soak(ex: Exporter, args: argparse.Namespace, kubeconfig: str, w: Workload, s
                 time.sleep(delay)
         code, body = get(f"http://127.0.0.1:{ex.port}/metrics")
         if code == 200:
-            stats.append({"t": round(time.monotonic() - t0, 2), **self_metrics(body)})
+            stats.append({"t": round(time.monotonic() - t0, 2), **self_metrics(body), **watches_ended(admin)})
         del body
     finally:
         stop.set()
@@ -313,6 +333,7 @@ def soak(ex: Exporter, args: argparse.Namespace, kubeconfig: str, w: Workload, s
     sink_posts = len(json.loads(get(f"http://127.0.0.1:{sink_port}/windows")[1] or b"[]"))
     return {
         "duration_s": duration,
+        "t0_wall": t0_wall,
         "rate": args.rate,
         "samples": samples,
         "scrapes": scrapes,
@@ -328,6 +349,24 @@ def soak(ex: Exporter, args: argparse.Namespace, kubeconfig: str, w: Workload, s
             "sink_bytes": sink_bytes,
         },
     }
+
+
+def collection_means(stats: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """The exporter's own mean time (and CPU) per /metrics body and per OTLP push over the soak,
+    from its self-metrics at the first and last stats scrape."""
+    out: dict[str, float | None] = {}
+    if len(stats) < 2:
+        return out
+    first, last = stats[0], stats[-1]
+    for exporter, count in (("prometheus", "prometheus_collections"), ("otlp", "otlp_pushes")):
+        n = last.get(count, 0.0) - first.get(count, 0.0)
+        for kind in ("wall", "cpu"):
+            key = f"{exporter}_{kind}_s"
+            if n > 0 and key in last and key in first:
+                out[f"{exporter}_{kind}"] = round(1000 * (last[key] - first[key]) / n, 2)
+            else:
+                out[f"{exporter}_{kind}"] = None
+    return out
 
 
 def summarize(run: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -399,10 +438,96 @@ def summarize(run: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         },
         "churn": run["churn"],
         "otlp": run["otlp"],
+        "collection_ms_mean": collection_means(stats),
         "exporter_errors": {k: stats[-1].get(k, 0.0) for k in ("relists", "watch_errors", "list_errors")}
         if stats
         else {},
     }
+
+
+# --- the probe (--probe-minutes): what grows inside the exporter ------------------------------------
+
+# Appended to the exporter's sitecustomize (bench.scale.exporter_pythonpath): a daemon thread that
+# every few minutes writes one JSON line: Python's allocated blocks, glibc's heap (mallinfo2: in use
+# and free, summed over arenas; mmapped chunks), the collections per gc generation, every
+# --probe-walk-minutes the gc-tracked objects by type and, with
+# --tracemalloc, the traced memory and the 15 source lines whose allocations grew most since the
+# first snapshot. It costs the exporter a thread and, per probe, a walk of every object under the
+# GIL (~0.1-0.5 s at 10,000 claims), so a run with it is a diagnosis, not the measurement.
+PROBE = """
+import collections, ctypes, gc, json, os, sys, threading, time
+
+
+def _soak_probe(path, every, walk_every, trace):
+    if trace:
+        import tracemalloc
+
+        tracemalloc.start(1)
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+
+        class _Info(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_size_t) for n in (
+                "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                "keepcost")]
+
+        libc.mallinfo2.restype = _Info
+    except (OSError, AttributeError):
+        libc = None
+    first = None
+    n = 0
+    while True:
+        entry = {"time": time.time(), "blocks": sys.getallocatedblocks()}
+        if libc is not None:
+            m = libc.mallinfo2()
+            entry["malloc_mib"] = {k: round(getattr(m, f) / 2**20, 2) for k, f in (
+                ("arena", "arena"), ("in_use", "uordblks"), ("free", "fordblks"), ("mmap", "hblkhd"))}
+        entry["gc_collections"] = [g["collections"] for g in gc.get_stats()]
+        entry["gc_collected"] = [g["collected"] for g in gc.get_stats()]
+        if n % walk_every == 0:
+            objs = gc.get_objects()
+            entry["gc_objects"] = len(objs)
+            entry["types"] = collections.Counter(type(o).__name__ for o in objs).most_common(25)
+            del objs
+        n += 1
+        if trace:
+            snap = tracemalloc.take_snapshot()
+            entry["traced_mib"] = round(tracemalloc.get_traced_memory()[0] / 2**20, 2)
+            if first is None:
+                first = snap
+            else:
+                entry["growth"] = [
+                    (str(d.traceback), d.size_diff, d.count_diff) for d in snap.compare_to(first, "lineno")[:15]
+                ]
+        with open(path, "a") as f:
+            f.write(json.dumps(entry) + "\\n")
+        time.sleep(every)
+
+
+if os.environ.get("OTEL_DRA_SOAK_PROBE"):
+    _path, _every, _walk, _trace = os.environ["OTEL_DRA_SOAK_PROBE"].rsplit(":", 3)
+    threading.Thread(
+        target=_soak_probe, args=(_path, float(_every), int(_walk), _trace == "1"), name="soak-probe", daemon=True
+    ).start()
+"""
+
+
+def with_probe(pythonpath: str) -> str:
+    """``pythonpath`` (a boot directory from exporter_pythonpath) with the probe in its sitecustomize."""
+    site = Path(pythonpath) / "sitecustomize.py"
+    site.write_text(site.read_text() + PROBE)
+    return pythonpath
+
+
+def read_probe(path: Path, t0_wall: float) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        entry = json.loads(line)
+        entry["t"] = round(entry.pop("time") - t0_wall, 1)
+        out.append(entry)
+    return out
 
 
 # --- the plot --------------------------------------------------------------------------------------
@@ -499,6 +624,13 @@ def main() -> int:
     parser.add_argument("--stats-seconds", type=float, default=30.0)
     parser.add_argument("--window-minutes", type=float, default=2.0, help="window of the scrape percentiles")
     parser.add_argument("--pods", action="store_true", help="with one Pod per claim (slower to load)")
+    parser.add_argument(
+        "--probe-minutes", type=float, default=0.0, help="diagnosis: probe the exporter's heap every M minutes"
+    )
+    parser.add_argument(
+        "--probe-walk-minutes", type=float, default=5.0, help="diagnosis: count objects by type every M minutes"
+    )
+    parser.add_argument("--tracemalloc", action="store_true", help="diagnosis: with --probe-minutes, tracemalloc too")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None, help="PNG of RSS and scrape latency over time")
     args = parser.parse_args()
@@ -520,6 +652,11 @@ def main() -> int:
         },
     }
     env = {"PYTHONPATH": exporter_pythonpath(Path(__file__).resolve().parents[1])}
+    probe_path = Path(tempfile.mkdtemp(prefix="otel-dra-soak-probe-")) / "probe.jsonl"
+    if args.probe_minutes:
+        with_probe(env["PYTHONPATH"])
+        walk = max(1, round(args.probe_walk_minutes / args.probe_minutes))
+        env["OTEL_DRA_SOAK_PROBE"] = f"{probe_path}:{args.probe_minutes * 60:g}:{walk}:{int(args.tracemalloc)}"
     with (
         tempfile.TemporaryDirectory(prefix="otel-dra-soak-") as tmp,
         running(Path(tmp) / "testbed", binaries=find_binaries()) as tb,
@@ -542,12 +679,14 @@ def main() -> int:
         )
         try:
             results["initial_sync_s"] = round(ex.wait_ready(timeout=600), 2)
-            run = soak(ex, args, str(tb.kubeconfig), w, sink_port)
+            run = soak(ex, args, str(tb.kubeconfig), w, sink_port, admin)
             _code, body = get(f"http://127.0.0.1:{ex.port}/metrics")
             results["series"] = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
             results["body_mb"] = round(len(body) / 1e6, 1)
             del body
             results["exporter_alive"] = ex.proc.poll() is None
+            if args.probe_minutes:
+                results["probe"] = read_probe(probe_path, run["t0_wall"])
         finally:
             if ex.proc.poll() is None:
                 ex.stop()
