@@ -153,12 +153,15 @@ PUSH_LINE = re.compile(rb"OTLP state push: ([\d.]+)s wall, ([\d.]+)s CPU, ok=(Tr
 
 
 def proc_sample(pid: int) -> dict[str, float]:
-    """The process's RSS and peak (MiB), threads, open fds and CPU seconds (user + system)."""
+    """The process's RSS, its anonymous and file-backed parts and its peak (MiB), threads, open fds
+    and CPU seconds (user + system). The parts tell a heap that shrinks from code and library pages
+    the kernel reclaimed (file-backed, read again from disk when touched)."""
     out: dict[str, float] = {}
+    names = {"VmRSS": "rss_mib", "VmHWM": "hwm_mib", "RssAnon": "rss_anon_mib", "RssFile": "rss_file_mib"}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            out["rss_mib" if key == "VmRSS" else "hwm_mib"] = round(int(value.split()[0]) / 1024, 2)
+        if key in names:
+            out[names[key]] = round(int(value.split()[0]) / 1024, 2)
         elif key == "Threads":
             out["threads"] = int(value)
     out["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
@@ -355,17 +358,12 @@ def collection_means(stats: Sequence[dict[str, Any]]) -> dict[str, float | None]
     """The exporter's own mean time (and CPU) per /metrics body and per OTLP push over the soak,
     from its self-metrics at the first and last stats scrape."""
     out: dict[str, float | None] = {}
-    if len(stats) < 2:
-        return out
-    first, last = stats[0], stats[-1]
     for exporter, count in (("prometheus", "prometheus_collections"), ("otlp", "otlp_pushes")):
-        n = last.get(count, 0.0) - first.get(count, 0.0)
         for kind in ("wall", "cpu"):
             key = f"{exporter}_{kind}_s"
-            if n > 0 and key in last and key in first:
-                out[f"{exporter}_{kind}"] = round(1000 * (last[key] - first[key]) / n, 2)
-            else:
-                out[f"{exporter}_{kind}"] = None
+            having = [s for s in stats if count in s and key in s]  # the first reads may predate any
+            n = having[-1][count] - having[0][count] if len(having) >= 2 else 0
+            out[f"{exporter}_{kind}"] = round(1000 * (having[-1][key] - having[0][key]) / n, 2) if n > 0 else None
     return out
 
 
@@ -452,8 +450,11 @@ def summarize(run: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
 # and free, summed over arenas; mmapped chunks), the collections per gc generation, every
 # --probe-walk-minutes the gc-tracked objects by type and, with
 # --tracemalloc, the traced memory and the 15 source lines whose allocations grew most since the
-# first snapshot. It costs the exporter a thread and, per probe, a walk of every object under the
-# GIL (~0.1-0.5 s at 10,000 claims), so a run with it is a diagnosis, not the measurement.
+# first snapshot. It costs the exporter a thread and, per walk, a pass over every object under the
+# GIL, so a run with it is a diagnosis, not the measurement. The walk is not harmless either:
+# gc.get_objects() hands out tuples other threads are still building, and the one such tuple
+# then fails to resize (SystemError "bad argument to internal function", seen once in 30 minutes:
+# one claim's parse failed and its series were left out until its next change).
 PROBE = """
 import collections, ctypes, gc, json, os, sys, threading, time
 
@@ -652,15 +653,15 @@ def main() -> int:
         },
     }
     env = {"PYTHONPATH": exporter_pythonpath(Path(__file__).resolve().parents[1])}
-    probe_path = Path(tempfile.mkdtemp(prefix="otel-dra-soak-probe-")) / "probe.jsonl"
-    if args.probe_minutes:
-        with_probe(env["PYTHONPATH"])
-        walk = max(1, round(args.probe_walk_minutes / args.probe_minutes))
-        env["OTEL_DRA_SOAK_PROBE"] = f"{probe_path}:{args.probe_minutes * 60:g}:{walk}:{int(args.tracemalloc)}"
     with (
         tempfile.TemporaryDirectory(prefix="otel-dra-soak-") as tmp,
         running(Path(tmp) / "testbed", binaries=find_binaries()) as tb,
     ):
+        probe_path = Path(tmp) / "probe.jsonl"
+        if args.probe_minutes:
+            with_probe(env["PYTHONPATH"])
+            walk = max(1, round(args.probe_walk_minutes / args.probe_minutes))
+            env["OTEL_DRA_SOAK_PROBE"] = f"{probe_path}:{args.probe_minutes * 60:g}:{walk}:{int(args.tracemalloc)}"
         admin = KubeClient(load_credentials(str(tb.kubeconfig)), max_connections=32)
         results["load_seconds"] = round(load(admin, w), 1)
         print(f"loaded {w.claims} claims in {results['load_seconds']} s", flush=True)

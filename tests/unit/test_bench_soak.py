@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from bench.soak import after_warmup, interpolate, least_squares, rates, rss_slope, verdict, windows
+from bench.soak import after_warmup, collection_means, interpolate, least_squares, rates, rss_slope, verdict, windows
 
 
 def test_least_squares_recovers_a_line_and_its_error_is_zero() -> None:
@@ -76,3 +76,14 @@ def test_interpolate_inside_the_samples_only() -> None:
     assert interpolate(counter, 2.5) == 25.0
     with pytest.raises(ValueError):
         interpolate(counter, 11.0)
+
+
+def test_collection_means_from_the_first_and_last_stats_that_have_them() -> None:
+    stats = [
+        {"t": 0.0},  # read before any collection was recorded
+        {"t": 30.0, "prometheus_collections": 7.0, "prometheus_wall_s": 0.4, "prometheus_cpu_s": 0.2},
+        {"t": 60.0, "prometheus_collections": 17.0, "prometheus_wall_s": 0.9, "prometheus_cpu_s": 0.5},
+    ]
+    means = collection_means(stats)
+    assert means["prometheus_wall"] == pytest.approx(50.0) and means["prometheus_cpu"] == pytest.approx(30.0)
+    assert means["otlp_wall"] is None
