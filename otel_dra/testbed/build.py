@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -34,6 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HELM_VERSION = "v3.21.4"
+# The node's container runtime (``testbed up --node``): a current 2.x release, which has CDI on by
+# default (Debian's containerd 1.6 has none).
+CONTAINERD_VERSION = "v2.4.2"
 
 # k8s.io/kubernetes requires its staging modules at v0.0.0 and relies on replace lines in its own
 # go.mod, which do not apply to a module that depends on it; the wrapper must replace each of them
@@ -75,7 +79,9 @@ KUBERNETES_STAGING_MODULES = (
 # 1.36 added two staging modules.
 _STAGING_SINCE_1_36 = tuple(sorted((*KUBERNETES_STAGING_MODULES, "cri-streaming", "streaming")))
 
-KUBERNETES_COMMANDS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl")
+# The kubelet is a node part (``testbed up --node``), built with the control plane from the same
+# wrapper module so that a node always runs the control plane's version.
+KUBERNETES_COMMANDS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl", "kubelet")
 
 
 def version_key(text: str) -> tuple[int, ...]:
@@ -210,6 +216,11 @@ class GoPeer:
     title: str = ""
     # The oldest Go toolchain that builds this version, for the hint when `go` is missing.
     min_go: str = "1.24"
+    # True: the key also carries a digest of the build recipe (packages, flags, replaces), so that a
+    # row that gains a binary or a flag builds into a new directory beside the old one. Without it a
+    # warm cache would either keep a directory that lacks the new binary or have to rebuild it in
+    # place, under the feet of every checkout that shares the cache.
+    recipe_in_key: bool = False
 
     def __post_init__(self) -> None:
         if not self.packages:
@@ -221,7 +232,28 @@ class GoPeer:
 
     @property
     def key(self) -> str:
+        if self.recipe_in_key:
+            return f"{self.name}-{self.version}-{self.recipe_digest()}"
         return f"{self.name}-{self.version}"
+
+    def recipe_digest(self) -> str:
+        """Ten hex digits of SHA-256 over what decides the row's binaries besides module and version."""
+        import hashlib
+
+        recipe = json.dumps(
+            {
+                "packages": self.packages,
+                "binary": self.binary,
+                "imports": self.tools_imports(),
+                "ldflags": self.go_ldflags(),
+                "replaces": self.go_replaces(),
+                "godebug": self.godebug,
+                "cgo": self.cgo,
+                "trimpath": self.trimpath,
+            },
+            sort_keys=True,
+        )
+        return hashlib.sha256(recipe.encode()).hexdigest()[:10]
 
     @property
     def binaries(self) -> tuple[str, ...]:
@@ -291,7 +323,7 @@ KUBERNETES = GoPeer(
     godebug=_OLDEST.godebug,
     # The control plane has always been built with the environment's cgo setting; forcing it either
     # way would make a fresh machine's binaries differ from the cached ones.
-    cgo=None, title="Kubernetes",
+    cgo=None, title="Kubernetes", recipe_in_key=True,
 )  # fmt: skip
 # A module build has no release ldflags for the Kubernetes version, so helm assumes an old one:
 # callers pass ``--kube-version`` to ``template``/``lint``.
@@ -309,7 +341,25 @@ JAEGER = GoPeer(
     label="cmd/jaeger", title="Jaeger", min_go="1.26",
 )  # fmt: skip
 
-PEERS: tuple[GoPeer, ...] = (ETCD, KUBERNETES, HELM, OCB, JAEGER)
+
+def containerd_version_ldflags(peer: GoPeer) -> str:
+    # As containerd's Makefile does: the version `containerd --version` and the CRI's Version report.
+    package = "github.com/containerd/containerd/v2"
+    return f"-s -w -X {package}/version.Version={peer.version} -X {package}/version.Package={package}"
+
+
+# containerd, its CLI and the runc shim (runc itself and the CNI plugins come from Debian, see
+# .ci/run). Static (the Makefile's default for releases): cgo would only add the btrfs snapshotter,
+# whose headers a fresh machine lacks.
+CONTAINERD = GoPeer(
+    "containerd", CONTAINERD_VERSION, "github.com/containerd/containerd/v2",
+    packages=tuple(
+        f"github.com/containerd/containerd/v2/cmd/{name}" for name in ("containerd", "ctr", "containerd-shim-runc-v2")
+    ),
+    ldflags=containerd_version_ldflags, title="containerd", min_go="1.26",
+)  # fmt: skip
+
+PEERS: tuple[GoPeer, ...] = (ETCD, KUBERNETES, HELM, OCB, JAEGER, CONTAINERD)
 # What `build` builds and `Binaries` points at, in build order.
 CONTROL_PLANE: tuple[GoPeer, ...] = (KUBERNETES, ETCD)
 
@@ -334,6 +384,7 @@ class Binaries:
     kube_scheduler: Path
     kube_controller_manager: Path
     kubectl: Path
+    kubelet: Path
 
     def all(self) -> tuple[Path, ...]:
         return tuple(getattr(self, field.name) for field in dataclasses.fields(self))
@@ -346,7 +397,9 @@ class Binaries:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, str]) -> Binaries:
-        """The inverse of :meth:`as_dict`; keys that are not fields (other binaries) are ignored."""
+        """The inverse of :meth:`as_dict`; keys that are not fields (other binaries) are ignored, and
+        a state file from before the kubelet was built names it beside kube-apiserver."""
+        data = {"kubelet": str(Path(data["kube-apiserver"]).with_name("kubelet")), **data}
         return cls(**{field.name: Path(data[_binary_name(field.name)]) for field in dataclasses.fields(cls)})
 
 
@@ -713,6 +766,21 @@ def build_ocb(cache_root: Path | None = None, progress: Progress = _to_stderr, *
 def build_jaeger(cache_root: Path | None = None, progress: Progress = _to_stderr, *, verbose: bool = False) -> Path:
     """Build Jaeger v2 (``cmd/jaeger``, memory storage and the query API) unless it already exists."""
     return build_peer(JAEGER, cache_root, progress, verbose=verbose) / "jaeger"
+
+
+def build_node(cache_root: Path | None = None, progress: Progress = _to_stderr, *, verbose: bool = False) -> list[Path]:
+    """The node parts besides the kubelet (built with the control plane): containerd, ctr and the
+    runc shim, and the locally made pause and busybox images. runc and the CNI plugins come from
+    Debian (.ci/run installs them)."""
+    from otel_dra.testbed.images import ImageError, node_images
+
+    root = _resolve_root(cache_root)
+    bin_dir = build_peer(CONTAINERD, root, progress, verbose=verbose)
+    try:
+        images = node_images(root)
+    except ImageError as exc:
+        raise BuildError(str(exc)) from None
+    return [*(bin_dir / name for name in CONTAINERD.binaries), *(image.tarball for image in images)]
 
 
 def find_jaeger(cache_root: Path | None = None) -> Path:

@@ -145,6 +145,8 @@ class Testbed:
     binaries: Binaries
     # Per component: argv, pid, start_time (to detect pid reuse) and log path, as in state.json.
     components: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Real nodes (otel_dra.testbed.node), by node name: their directory and ports.
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     # --- state -----------------------------------------------------------------------------------
 
@@ -167,6 +169,7 @@ class Testbed:
             "ports": self.ports,
             "binaries": self.binaries.as_dict(),
             "components": self.components,
+            "nodes": self.nodes,
         }
         _write_private(self.state_file, json.dumps(state, indent=2) + "\n")
 
@@ -189,6 +192,7 @@ class Testbed:
             ports={k: int(v) for k, v in state["ports"].items()},
             binaries=Binaries.from_dict(state["binaries"]),
             components=state["components"],
+            nodes=state.get("nodes", {}),
         )
 
     # --- using the cluster -----------------------------------------------------------------------
@@ -247,13 +251,29 @@ class Testbed:
             raise
 
     def down(self, timeout: float = _STOP_TIMEOUT) -> None:
-        """Stop every component and delete etcd's data; logs, PKI and kubeconfig stay for inspection."""
+        """Stop every component and delete etcd's data; logs, PKI and kubeconfig stay for inspection.
+
+        Nodes go first, while the API server still runs: their pods are deleted through it, and
+        only then are kubelet and containerd stopped and the host put back. A node that could not
+        be undone completely still lets the control plane stop, and then raises."""
+        node_error: TestbedError | None = None
+        if self.nodes:
+            from otel_dra.testbed.node import stop_nodes  # node builds on this module
+
+            try:
+                stop_nodes(self)
+            except TestbedError as exc:
+                node_error = exc
         for name in reversed(COMPONENTS):
             self._stop(name, timeout)
         shutil.rmtree(self.dir / "etcd", ignore_errors=True)
         self.state_file.unlink(missing_ok=True)
+        if node_error is not None:
+            raise node_error
 
-    def _spawn(self, name: str, argv: Sequence[str], *, append_log: bool = False) -> None:
+    def _spawn(
+        self, name: str, argv: Sequence[str], *, append_log: bool = False, env: Mapping[str, str] | None = None
+    ) -> None:
         log_path = self.dir / "logs" / f"{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab" if append_log else "wb") as log:
@@ -266,6 +286,7 @@ class Testbed:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=None if env is None else dict(env),
             )
         _CHILDREN[proc.pid] = proc
         self.components[name] = {
