@@ -784,7 +784,7 @@ def _start(
     )
     testbed.nodes[node.name]["ports"] = ports
     testbed._save_state()
-    _wait(f"node {node.name} Ready", lambda: _node_ready(testbed, node.name), testbed, kubelet, timeout, progress)
+    _wait(f"node {node.name} Ready", lambda: _kubelet_ready(testbed, node.name), testbed, kubelet, timeout, progress)
     progress(f"node {node.name} Ready after {time.monotonic() - started:.1f}s")
 
 
@@ -810,6 +810,22 @@ def _api_get(testbed: Testbed, path: str) -> Any:
     request = urllib.request.Request(testbed.server + path, headers={"Authorization": f"Bearer {testbed.token}"})
     with opener.open(request, timeout=5) as response:
         return json.load(response)
+
+
+def _kubelet_ready(testbed: Testbed, name: str) -> tuple[bool, str]:
+    """The kubelet answers its healthz (a Node object left Ready by the previous kubelet does not
+    count) and the Node is Ready."""
+    port = testbed.nodes[name]["ports"]["kubelet_healthz"]
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+            if response.status != 200:
+                return False, f"kubelet healthz: HTTP {response.status}"
+    except urllib.error.HTTPError as err:
+        return False, f"kubelet healthz: HTTP {err.code}"
+    except (urllib.error.URLError, OSError) as err:
+        return False, f"kubelet healthz: {err}"
+    return _node_ready(testbed, name)
 
 
 def _node_ready(testbed: Testbed, name: str) -> tuple[bool, str]:
@@ -855,6 +871,20 @@ def _wait(
             progress(f"waiting for {what} ({now - started:.0f}s): {state}")
             last_report = now
         time.sleep(_POLL)
+
+
+def restart_kubelet(testbed: Testbed, name: str, *, timeout: float = 120, progress: Progress = _to_stderr) -> None:
+    """Stop the node's kubelet (SIGTERM) and start it again with the same flags; return once the
+    Node is Ready again. Pods keep running in containerd meanwhile, as on a real node."""
+    component = kubelet_component(name)
+    comp = testbed.components.get(component)
+    if comp is None:
+        raise TestbedError(f"no kubelet of node {name!r} in {testbed.dir}")
+    testbed._stop(component, _STOP_TIMEOUT)
+    binaries_dir = Path(testbed.components[containerd_component(name)]["argv"][0]).parent
+    env = {**os.environ, "PATH": f"{binaries_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    testbed._spawn(component, comp["argv"], append_log=True, env=env)
+    _wait(f"node {name} Ready again", lambda: _kubelet_ready(testbed, name), testbed, component, timeout, progress)
 
 
 # --- stopping ----------------------------------------------------------------------------------------
@@ -1000,6 +1030,7 @@ __all__ = [
     "NodeLayout",
     "host_support",
     "record_host",
+    "restart_kubelet",
     "start_node",
     "stop_node",
     "stop_nodes",

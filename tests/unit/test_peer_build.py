@@ -330,7 +330,9 @@ def test_a_binary_added_to_a_control_plane_row_is_built_beside_the_old_directory
         _fake_binary(path)
     old = b.control_plane("1.34")[0]
     calls = _fake_go(tmp_path, monkeypatch)
-    kubernetes = dataclasses.replace(b.KUBERNETES, packages=(*b.KUBERNETES.packages, "k8s.io/kubernetes/cmd/kube-proxy"))
+    kubernetes = dataclasses.replace(
+        b.KUBERNETES, packages=(*b.KUBERNETES.packages, "k8s.io/kubernetes/cmd/kube-proxy")
+    )
     monkeypatch.setattr(b, "CONTROL_PLANE", (kubernetes, b.ETCD))
     new = b.control_plane("1.34")[0]
     assert new.key != old.key and new.key.startswith("kubernetes-v1.34.4-")
