@@ -94,6 +94,9 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 MACHINE_LOCK = Path("/run/otel-dra-testbed-node.json")
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _CAP_SYS_RESOURCE = 24
+# containerd refuses a unix socket path longer than this (Linux allows 107 bytes; containerd keeps
+# to the BSDs' 104), and the kubelet dials plugin sockets under its root dir by full path.
+MAX_SOCKET_PATH = 104
 _POLL = 0.5
 _PROGRESS_EVERY = 5.0
 _STOP_TIMEOUT = 20.0
@@ -421,6 +424,26 @@ class NodeLayout:
     def host_record(self) -> Path:
         return self.dir / "host.json"
 
+    def sockets(self, driver: str = "gpu.example.com") -> tuple[Path, ...]:
+        """The longest unix socket paths a node and a DRA plugin of ``driver`` use."""
+        return (
+            Path(f"{self.containerd_socket}.ttrpc"),
+            self.registry_dir / f"{driver}-reg.sock",
+            self.plugins_dir / driver / "dra.sock",
+        )
+
+
+def check_socket_paths(layout: NodeLayout) -> None:
+    """A clear error up front instead of containerd or a plugin failing later on a long ``--dir``."""
+    too_long = [p for p in layout.sockets() if len(str(p).encode()) > MAX_SOCKET_PATH]
+    if too_long:
+        longest = max(len(str(p).encode()) for p in too_long)
+        raise TestbedError(
+            f"the testbed directory {layout.dir.parent} is too long for the node's unix sockets "
+            f"({too_long[0]}: {longest} bytes, at most {MAX_SOCKET_PATH}): use a shorter --dir "
+            f"(at most {len(str(layout.dir.parent)) - (longest - MAX_SOCKET_PATH)} characters)"
+        )
+
 
 def containerd_config(layout: NodeLayout, *, restrict_oom_score_adj: bool) -> str:
     base = layout.dir / "containerd"
@@ -639,6 +662,8 @@ def start_node(
     support = support or host_support()
     if support.problems:
         raise TestbedError("this machine cannot run a testbed node: " + "; ".join(support.problems))
+    layout = NodeLayout(testbed.dir / f"node-{name}")
+    check_socket_paths(layout)
     binaries = find_node_binaries(testbed.binaries.kubelet, cache_root)
     try:
         pause, busybox = node_images(_resolve_root(cache_root) if cache_root else default_cache_root())
@@ -651,7 +676,6 @@ def start_node(
             "kubelet oomScoreAdj 0 (otherwise runc fails every pod sandbox)"
         )
 
-    layout = NodeLayout(testbed.dir / f"node-{name}")
     if layout.dir.exists():
         # Leftovers of a node that was not stopped cleanly: never reuse its state.
         errors: list[str] = []

@@ -15,9 +15,11 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -165,11 +167,19 @@ def _container_env(node: Node, pod: str, container: str) -> set[str]:
 # --- up and down from the command line ------------------------------------------------------------
 
 
-def test_up_with_a_node_and_down_leave_nothing_behind(tmp_path: Path, node_support: Binaries) -> None:
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A testbed directory short enough for the node's unix sockets (pytest's tmp_path is not)."""
+    path = Path(tempfile.mkdtemp(prefix="otel-dra-node-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_up_with_a_node_and_down_leave_nothing_behind(short_dir: Path, node_support: Binaries) -> None:
     """`testbed up --node` returns with the Node Ready, a pod of the local busybox image runs on it,
     and `testbed down` deletes it, stops everything and puts back every host change."""
     before = host_state()
-    dir = tmp_path / "tb"
+    dir = short_dir / "tb"
     started = time.monotonic()
     up = _cli("up", "--dir", str(dir), "--node", "n1")
     up_seconds = time.monotonic() - started
@@ -207,14 +217,16 @@ def test_up_with_a_node_and_down_leave_nothing_behind(tmp_path: Path, node_suppo
 
 
 @pytest.fixture(scope="module")
-def node_testbed(tmp_path_factory: pytest.TempPathFactory, node_support: Binaries) -> Iterator[tuple[Testbed, Node]]:
-    with running(
-        tmp_path_factory.mktemp("node-testbed"), scheduler=True, controller_manager=True, binaries=node_support
-    ) as testbed:
-        node = start_node(testbed, "n1")
-        client = KubeClient(load_credentials(str(testbed.kubeconfig)))
-        create(client, driver_class(DRIVER))
-        yield testbed, node
+def node_testbed(node_support: Binaries) -> Iterator[tuple[Testbed, Node]]:
+    dir = Path(tempfile.mkdtemp(prefix="otel-dra-node-", dir="/tmp"))  # short: unix socket paths
+    try:
+        with running(dir, scheduler=True, controller_manager=True, binaries=node_support) as testbed:
+            node = start_node(testbed, "n1")
+            client = KubeClient(load_credentials(str(testbed.kubeconfig)))
+            create(client, driver_class(DRIVER))
+            yield testbed, node
+    finally:
+        shutil.rmtree(dir, ignore_errors=True)
 
 
 class HostPlugin:

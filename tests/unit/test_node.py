@@ -72,6 +72,13 @@ def test_a_machine_that_cannot_run_a_node_is_a_clear_error_not_a_hang(tmp_path: 
     assert not (tmp_path / "node-n1").exists()  # nothing was started or recorded
 
 
+def test_a_directory_too_long_for_the_sockets_is_refused_up_front(tmp_path: Path) -> None:
+    testbed = _fake_testbed(tmp_path / ("d" * 60))
+    support = HostSupport((), True)
+    with pytest.raises(TestbedError, match=r"too long for the node's unix sockets .* use a shorter --dir"):
+        start_node(testbed, "n1", support=support)
+
+
 def test_containerd_is_configured_around_the_capability_trap(tmp_path: Path) -> None:
     layout = NodeLayout(tmp_path / "node-n1")
     restricted = containerd_config(layout, restrict_oom_score_adj=True)
