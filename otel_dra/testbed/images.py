@@ -151,6 +151,11 @@ def node_images(cache_root: Path, busybox: Path = BUSYBOX) -> tuple[Image, Image
             f"{busybox} is missing: install Debian's busybox-static (`apt-get install busybox-static`), "
             "the testbed node's images are made from it"
         )
+    if b"ld-linux" in busybox.read_bytes()[:4096]:  # the ELF interpreter: a dynamic binary
+        raise ImageError(
+            f"{busybox} is dynamically linked (Debian's `busybox`): the images hold no libc, install "
+            "`busybox-static` instead"
+        )
     layer = busybox_layer(busybox)
     out_dir = cache_root / "images" / hashlib.sha256(layer).hexdigest()[:12]
     made = []

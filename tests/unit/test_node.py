@@ -142,3 +142,7 @@ def test_the_images_are_oci_layouts_made_the_same_everywhere(tmp_path: Path) -> 
 def test_images_need_busybox_static(tmp_path: Path) -> None:
     with pytest.raises(ImageError, match="install Debian's busybox-static"):
         node_images(tmp_path, busybox=tmp_path / "no-busybox")
+    dynamic = tmp_path / "busybox"
+    dynamic.write_bytes(b"\x7fELF" + b"\0" * 100 + b"/lib64/ld-linux-x86-64.so.2\0")
+    with pytest.raises(ImageError, match="dynamically linked"):
+        node_images(tmp_path, busybox=dynamic)
