@@ -145,9 +145,16 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from otel_dra.testbed.node import start_node
+    from otel_dra.testbed.build import find_binaries
+    from otel_dra.testbed.node import check_node, start_node
 
     started = time.monotonic()
+    if args.node:
+        # Before the control plane starts: a machine that cannot run a node fails at once.
+        try:
+            check_node(args.dir, args.node, find_binaries(version=args.kubernetes_version).kubelet)
+        except (BuildError, TestbedError) as exc:
+            return _error(str(exc))
     try:
         testbed = up(
             args.dir,

@@ -52,7 +52,7 @@ from otel_dra.testbed.controlplane import (
     _write_private,
     release_settings,
 )
-from otel_dra.testbed.images import PAUSE_IMAGE, ImageError, node_images
+from otel_dra.testbed.images import PAUSE_IMAGE, Image, ImageError, node_images
 
 Progress = Callable[[str], None]
 
@@ -637,6 +637,31 @@ def _check_lock(dir: Path) -> None:
         )
 
 
+def check_node(
+    dir: Path,
+    name: str,
+    kubelet: Path,
+    *,
+    cache_root: Path | None = None,
+    support: HostSupport | None = None,
+) -> tuple[HostSupport, NodeBinaries, tuple[Image, Image]]:
+    """Everything that can be known before starting anything: a machine that can run a node, a
+    ``dir`` short enough for its sockets, the binaries and the images. ``testbed up --node`` calls
+    it before the control plane starts, so that a machine that cannot run a node fails at once."""
+    if not _NAME.match(name) or len(name) > 63:
+        raise TestbedError(f"node name {name!r} is not a DNS label (lower-case letters, digits, '-')")
+    support = support or host_support()
+    if support.problems:
+        raise TestbedError("this machine cannot run a testbed node: " + "; ".join(support.problems))
+    check_socket_paths(NodeLayout(dir.expanduser().resolve() / f"node-{name}"))
+    binaries = find_node_binaries(kubelet, cache_root)
+    try:
+        images = node_images(_resolve_root(cache_root) if cache_root else default_cache_root())
+    except ImageError as exc:
+        raise TestbedError(str(exc)) from None
+    return support, binaries, images
+
+
 def start_node(
     testbed: Testbed,
     name: str,
@@ -651,24 +676,16 @@ def start_node(
     ``progress`` gets a line every few seconds while it waits. On any failure what was started is
     stopped and the host put back, and :class:`TestbedError` carries the failing part's log tail.
     """
-    if not _NAME.match(name) or len(name) > 63:
-        raise TestbedError(f"node name {name!r} is not a DNS label (lower-case letters, digits, '-')")
     if name in testbed.nodes:
         raise TestbedError(f"node {name!r} already runs in {testbed.dir}")
     if testbed.nodes:
         raise TestbedError(
             "one node per machine: the kubelet's device-plugins dir and containerd's shim sockets are fixed paths"
         )
-    support = support or host_support()
-    if support.problems:
-        raise TestbedError("this machine cannot run a testbed node: " + "; ".join(support.problems))
+    support, binaries, (pause, busybox) = check_node(
+        testbed.dir, name, testbed.binaries.kubelet, cache_root=cache_root, support=support
+    )
     layout = NodeLayout(testbed.dir / f"node-{name}")
-    check_socket_paths(layout)
-    binaries = find_node_binaries(testbed.binaries.kubelet, cache_root)
-    try:
-        pause, busybox = node_images(_resolve_root(cache_root) if cache_root else default_cache_root())
-    except ImageError as exc:
-        raise TestbedError(str(exc)) from None
     _check_lock(testbed.dir)
     if not support.can_lower_oom_score:
         progress(

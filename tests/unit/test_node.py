@@ -146,3 +146,28 @@ def test_images_need_busybox_static(tmp_path: Path) -> None:
     dynamic.write_bytes(b"\x7fELF" + b"\0" * 100 + b"/lib64/ld-linux-x86-64.so.2\0")
     with pytest.raises(ImageError, match="dynamically linked"):
         node_images(tmp_path, busybox=dynamic)
+
+
+def test_up_with_a_node_on_a_machine_that_cannot_run_one_fails_before_the_control_plane(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import otel_dra.testbed.node as node_module
+    from otel_dra.cli import main
+    from otel_dra.testbed.build import expected_binaries
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("OTEL_DRA_CACHE", str(cache))
+    for path in expected_binaries(cache).all():  # stand-ins: nothing may run them
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("#!/bin/sh\nexit 99\n")
+        path.chmod(0o755)
+    not_root = host_support(
+        euid=1000, filesystems=_FILESYSTEMS, status=_STATUS_NO_SYS_RESOURCE, cgroup_root=_cgroups(tmp_path)
+    )
+    monkeypatch.setattr(node_module, "host_support", lambda: not_root)
+    started = time.monotonic()
+    assert main(["testbed", "up", "--dir", str(tmp_path / "tb"), "--node", "n1"]) == 1
+    assert time.monotonic() - started < 5
+    err = capsys.readouterr().err
+    assert "error: this machine cannot run a testbed node: a testbed node must run as root (euid 1000)" in err
+    assert not (tmp_path / "tb" / "state.json").exists()  # no control plane was started
