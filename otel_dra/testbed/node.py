@@ -23,6 +23,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -215,7 +216,7 @@ def _cgroup_hierarchies(root: Path = CGROUP_ROOT) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and (p / "cgroup.procs").exists())
 
 
-def _existing_ancestor_entries(path: Path) -> dict[str, Any]:
+def _path_record(path: Path) -> dict[str, Any]:
     """For a fixed outside path: whether it exists and, if so, its entries (new ones are ours)."""
     if path.is_dir():
         return {"exists": True, "entries": sorted(os.listdir(path))}
@@ -239,7 +240,7 @@ def record_host() -> dict[str, Any]:
         "iptables": chains,
         "cgroups": [str(h / KUBEPODS) for h in _cgroup_hierarchies() if (h / KUBEPODS).exists()],
         "bridge": Path(f"/sys/class/net/{BRIDGE}").exists(),
-        "paths": {path: _existing_ancestor_entries(Path(path)) for path in OUTSIDE_PATHS},
+        "paths": {path: _path_record(Path(path)) for path in OUTSIDE_PATHS},
     }
 
 
@@ -291,7 +292,7 @@ def _remove_new_chains(binary: str, table: str, before: set[str], errors: list[s
     if not new:
         return
     for line in lines:
-        words = line.split()
+        words = shlex.split(line)  # comments are quoted: `-m comment --comment "..."`
         if words[:1] == ["-A"] and any(target in new for target in _jump_targets(words)):
             subprocess.run([binary, "-w", "-t", table, "-D", *words[1:]], capture_output=True)
     for chain in new:
@@ -931,7 +932,7 @@ def restart_kubelet(testbed: Testbed, name: str, *, timeout: float = 120, progre
 # --- stopping ----------------------------------------------------------------------------------------
 
 
-def stop_node(testbed: Testbed, name: str, *, progress: Progress = _to_stderr, timeout: float = 60) -> None:
+def stop_node(testbed: Testbed, name: str, *, progress: Progress = _to_stderr, timeout: float = 30) -> None:
     """Delete the node's pods (while its kubelet runs), stop kubelet and containerd, and put back
     every host change they made. Raises :class:`TestbedError` listing what could not be undone."""
     record = testbed.nodes.get(name)
@@ -997,8 +998,13 @@ def _delete_pods(testbed: Testbed, name: str, timeout: float, progress: Progress
     while (left := _node_pods(testbed, name)) and time.monotonic() < deadline:
         time.sleep(_POLL)
     if left:
-        # The containers go below (ctr, cgroups); the objects must not outlive the node.
-        errors.append(f"pods not deleted by the kubelet within {timeout:.0f}s: {left}")
+        # Not an error of the teardown: a pod whose claims' DRA plugin is gone cannot be unprepared,
+        # so the kubelet keeps it. Its containers go below (ctr, cgroups) all the same; the objects
+        # must not outlive the node.
+        progress(
+            f"node {name}: the kubelet did not finish deleting {left} within {timeout:.0f}s (a DRA plugin "
+            "gone?): removing their containers directly"
+        )
         for namespace, pod in left:
             testbed.kubectl(
                 "delete", "pod", pod, f"--namespace={namespace}", "--grace-period=0", "--force", check=False

@@ -263,17 +263,35 @@ def host_plugin(node_testbed: tuple[Testbed, Node]) -> Iterator[list[HostPlugin]
         plugin.kill()
 
 
+# What the kubelet logs (-v=2, 1.34 to 1.37) once it has registered a DRA plugin and connected to it.
+_CONNECTED = re.compile(rf'"Connection changed" .*driverName="{re.escape(DRIVER)}" .*connected=true')
+
+
+def _kubelet_log_size(node: Node) -> int:
+    return node.kubelet_log.stat().st_size
+
+
+def _connected_since(node: Node, offset: int) -> bool:
+    with node.kubelet_log.open("rb") as log:
+        log.seek(offset)
+        return bool(_CONNECTED.search(log.read().decode(errors="replace")))
+
+
+def _node_slices(client: KubeClient, node: Node) -> list[dict[str, Any]]:
+    slices = client.get_json("/apis/resource.k8s.io/v1/resourceslices")["items"]
+    return [s for s in slices if s["spec"].get("nodeName") == node.name and s["spec"].get("driver") == DRIVER]
+
+
 def _start_plugin(testbed: Testbed, node: Node, plugins: list[HostPlugin], log: Path) -> HostPlugin:
+    """Start the plugin and wait until the kubelet has registered it and it has published."""
+    offset = _kubelet_log_size(node)
     plugin = HostPlugin(testbed, node, log)
     plugins.append(plugin)
-    marker = node.kubelet_log.read_text(errors="replace").count(DRIVER)
     client = KubeClient(load_credentials(str(testbed.kubeconfig)))
 
     def registered() -> bool:
         assert plugin.proc.poll() is None, log.read_text()
-        text = node.kubelet_log.read_text(errors="replace")
-        slices = client.get_json("/apis/resource.k8s.io/v1/resourceslices")["items"]
-        return text.count(DRIVER) > marker and any(s["spec"].get("nodeName") == node.name for s in slices)
+        return _connected_since(node, offset) and bool(_node_slices(client, node))
 
     wait_until(registered, timeout=60, what="the kubelet to register the plugin and the plugin to publish")
     return plugin
@@ -366,16 +384,26 @@ def test_a_restarted_kubelet_registers_the_plugin_again(
     testbed, node = node_testbed
     client = KubeClient(load_credentials(str(testbed.kubeconfig)))
     _start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log")
-    log_before = node.kubelet_log.read_text(errors="replace")
+    offset = _kubelet_log_size(node)
+    started = time.monotonic()
     restart_kubelet(testbed, node.name, progress=lambda _: None)
-    wait_until(
-        lambda: node.kubelet_log.read_text(errors="replace")[len(log_before) :].count(DRIVER) > 0,
-        timeout=60,
-        what="the restarted kubelet to register the plugin",
-    )
+    restarted = time.monotonic() - started
+    # Nothing restarts the plugin: the new kubelet finds its registration socket by itself.
+    wait_until(lambda: _connected_since(node, offset), timeout=60, what="the restarted kubelet to register the plugin")
+    registered = time.monotonic() - started
+    # A starting kubelet deletes its node's ResourceSlices (no driver is known to be there yet);
+    # the plugin publishes them again at its next reconcile (resync 30 s), and until then the
+    # scheduler has no device on the node for the claim.
+    wait_until(lambda: _node_slices(client, node), timeout=60, what="the plugin's ResourceSlices back")
+    slices_back = time.monotonic() - started
     _claim_pod(client, "after-restart")
-    _wait_running(client, "after-restart", node)
-    _delete_and_check_unprepared(client, node, "after-restart", _generated_claim(client, "after-restart"))
+    running_seconds = _wait_running(client, "after-restart", node)
+    unprepared = _delete_and_check_unprepared(client, node, "after-restart", _generated_claim(client, "after-restart"))
+    print(
+        f"\nkubelet restarted and Ready in {restarted:.1f}s, plugin registered again after {registered:.1f}s, "
+        f"its slices back after {slices_back:.1f}s; claim pod Running {running_seconds:.1f}s, "
+        f"unprepared {unprepared:.1f}s"
+    )
 
 
 def test_a_plugin_killed_between_prepare_and_deletion_loses_nothing(
@@ -389,5 +417,8 @@ def test_a_plugin_killed_between_prepare_and_deletion_loses_nothing(
     claim = _generated_claim(client, "survivor")
     first.kill(signal.SIGKILL)
     assert _cdi_spec(node, claim["metadata"]["uid"]).is_file()  # prepared state outlives the process
+    started = time.monotonic()
     _start_plugin(testbed, node, host_plugin, tmp_path / "plugin-2.log")
-    _delete_and_check_unprepared(client, node, "survivor", claim)
+    registered = time.monotonic() - started
+    unprepared = _delete_and_check_unprepared(client, node, "survivor", claim)
+    print(f"\nplugin killed; the new one registered in {registered:.1f}s, the pod unprepared in {unprepared:.1f}s")
