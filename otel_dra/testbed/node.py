@@ -1,9 +1,9 @@
 """A real node for the testbed: containerd and the kubelet of the control plane's release, with
 their state under the testbed's directory, joined to its API server.
 
-What this machine's kernel and the two daemons need (measured, see the reference notes in
-docs/testbed-node.md): root, overlayfs, runc and the CNI plugins from Debian; no registry (the
-images are made locally, :mod:`otel_dra.testbed.images`); and, where the VM withholds
+What this machine's kernel and the two daemons need (measured; README.md, "A real node"): root,
+overlayfs, runc and the CNI plugins from Debian; no registry (the images are made locally,
+:mod:`otel_dra.testbed.images`); and, where the VM withholds
 CAP_SYS_RESOURCE, ``restrict_oom_score_adj`` in containerd and ``oomScoreAdj: 0`` in the kubelet,
 without which runc fails every pod sandbox.
 
@@ -654,7 +654,9 @@ def check_node(
     support = support or host_support()
     if support.problems:
         raise TestbedError("this machine cannot run a testbed node: " + "; ".join(support.problems))
-    check_socket_paths(NodeLayout(dir.expanduser().resolve() / f"node-{name}"))
+    dir = dir.expanduser().resolve()
+    check_socket_paths(NodeLayout(dir / f"node-{name}"))
+    _check_lock(dir)
     binaries = find_node_binaries(kubelet, cache_root)
     try:
         images = node_images(_resolve_root(cache_root) if cache_root else default_cache_root())
@@ -687,7 +689,6 @@ def start_node(
         testbed.dir, name, testbed.binaries.kubelet, cache_root=cache_root, support=support
     )
     layout = NodeLayout(testbed.dir / f"node-{name}")
-    _check_lock(testbed.dir)
     if not support.can_lower_oom_score:
         progress(
             "CAP_SYS_RESOURCE is withheld here: containerd gets restrict_oom_score_adj = true and the "
