@@ -413,14 +413,14 @@ def default_cache_root() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "otel-dra"
 
 
-def _resolve_root(cache_root: Path | None) -> Path:
+def resolve_cache_root(cache_root: Path | None) -> Path:
     return (cache_root if cache_root is not None else default_cache_root()).expanduser().resolve()
 
 
 def expected_binaries(cache_root: Path | None = None, version: str | KubernetesRelease | None = None) -> Binaries:
     """Where the binaries of a release (default: :func:`kubernetes_release`'s) live under the cache
     root, built or not."""
-    root = _resolve_root(cache_root)
+    root = resolve_cache_root(cache_root)
     return Binaries.from_dict(
         {name: str(peer.bin_dir(root) / name) for peer in control_plane(version) for name in peer.binaries}
     )
@@ -471,7 +471,7 @@ def go_environment(cache_root: Path | None = None) -> dict[str, str]:
     GOTOOLCHAIN=local keeps go from trying to fetch a newer toolchain (there is no such download
     here); -mod=mod lets go update go.sum for the wrapper modules instead of failing.
     """
-    root = _resolve_root(cache_root)
+    root = resolve_cache_root(cache_root)
     env = dict(os.environ)
     env["GOMODCACHE"] = str(root / "go" / "mod")
     env["GOCACHE"] = str(root / "go" / "build")
@@ -676,7 +676,7 @@ def build_peer(
     verbose: bool = False,
 ) -> Path:
     """Build any row of the peer table unless its binaries already exist; returns ``bin/<key>/``."""
-    root = _resolve_root(cache_root)
+    root = resolve_cache_root(cache_root)
     _build_peers(root, (peer,), peer.title, progress, verbose)
     return peer.bin_dir(root)
 
@@ -734,7 +734,7 @@ def build(
     runs return immediately. ``progress`` receives human-readable status lines; with ``verbose`` it
     also receives go's output as it happens.
     """
-    root = _resolve_root(cache_root)
+    root = resolve_cache_root(cache_root)
     peers = control_plane(version)
     binaries = expected_binaries(root, version)
     # The rows, not `Binaries`: a binary added to a row is built even before the testbed runs it.
@@ -755,7 +755,7 @@ def build_helm(cache_root: Path | None = None, progress: Progress = _to_stderr, 
 
 
 def find_helm(cache_root: Path | None = None) -> Path:
-    return _require_built(HELM.bin_dir(_resolve_root(cache_root)) / "helm", HELM.title, "helm")
+    return _require_built(HELM.bin_dir(resolve_cache_root(cache_root)) / "helm", HELM.title, "helm")
 
 
 def build_ocb(cache_root: Path | None = None, progress: Progress = _to_stderr, *, verbose: bool = False) -> Path:
@@ -774,7 +774,7 @@ def build_node(cache_root: Path | None = None, progress: Progress = _to_stderr, 
     Debian (.ci/run installs them)."""
     from otel_dra.testbed.images import ImageError, node_images
 
-    root = _resolve_root(cache_root)
+    root = resolve_cache_root(cache_root)
     bin_dir = build_peer(CONTAINERD, root, progress, verbose=verbose)
     try:
         images = node_images(root)
@@ -784,7 +784,7 @@ def build_node(cache_root: Path | None = None, progress: Progress = _to_stderr, 
 
 
 def find_jaeger(cache_root: Path | None = None) -> Path:
-    return _require_built(JAEGER.bin_dir(_resolve_root(cache_root)) / "jaeger", JAEGER.title, "jaeger")
+    return _require_built(JAEGER.bin_dir(resolve_cache_root(cache_root)) / "jaeger", JAEGER.title, "jaeger")
 
 
 # --- prometheus-operator CRDs (chart tests) --------------------------------------------------------
@@ -798,7 +798,7 @@ def prometheus_operator_crds(cache_root: Path | None = None) -> list[Path]:
     from the prometheus-operator module (kept in the module cache; no network once cached)."""
     import json
 
-    root = _resolve_root(cache_root)
+    root = resolve_cache_root(cache_root)
     root.mkdir(parents=True, exist_ok=True)
     module = f"github.com/prometheus-operator/prometheus-operator@{PROMETHEUS_OPERATOR_VERSION}"
     result = subprocess.run(
@@ -890,7 +890,7 @@ def _otelcol_bin_dir(root: Path) -> Path:
 
 
 def find_otelcol(cache_root: Path | None = None) -> Path:
-    path = _otelcol_bin_dir(_resolve_root(cache_root)) / OTELCOL_NAME
+    path = _otelcol_bin_dir(resolve_cache_root(cache_root)) / OTELCOL_NAME
     return _require_built(path, OTELCOL_TITLE, "otelcol")
 
 
@@ -907,7 +907,7 @@ def build_otelcol(
     ``go build`` there (with our GOMODCACHE/GOCACHE/GOTOOLCHAIN, which it passes through), and the
     binary is moved into ``<cache>/bin/<key>/`` only once it exists.
     """
-    root = _resolve_root(cache_root)
+    root = resolve_cache_root(cache_root)
     key = _otelcol_key()
     target = _otelcol_bin_dir(root) / OTELCOL_NAME
     if _is_executable(target):

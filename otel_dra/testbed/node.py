@@ -40,18 +40,18 @@ import yaml
 from otel_dra.testbed.build import (
     CONTAINERD,
     BinariesMissingError,
-    _resolve_root,
     default_cache_root,
+    resolve_cache_root,
 )
 from otel_dra.testbed.controlplane import (
-    _CHILDREN,
     Testbed,
     TestbedError,
-    _free_ports,
-    _openssl,
-    _process_alive,
-    _write_private,
+    component_exited,
+    free_ports,
+    openssl,
+    process_alive,
     release_settings,
+    write_private,
 )
 from otel_dra.testbed.images import PAUSE_IMAGE, Image, ImageError, node_images
 
@@ -122,7 +122,7 @@ class NodeBinaries:
 def find_node_binaries(kubelet: Path, cache_root: Path | None = None) -> NodeBinaries:
     """containerd's binaries from the cache and runc and the CNI plugins from Debian, or a
     :class:`BinariesMissingError` that says how to get each missing part."""
-    root = _resolve_root(cache_root)
+    root = resolve_cache_root(cache_root)
     containerd_dir = CONTAINERD.bin_dir(root)
     binaries = NodeBinaries(
         kubelet=kubelet,
@@ -659,7 +659,7 @@ def check_node(
     _check_lock(dir)
     binaries = find_node_binaries(kubelet, cache_root)
     try:
-        images = node_images(_resolve_root(cache_root) if cache_root else default_cache_root())
+        images = node_images(resolve_cache_root(cache_root) if cache_root else default_cache_root())
     except ImageError as exc:
         raise TestbedError(str(exc)) from None
     return support, binaries, images
@@ -703,10 +703,10 @@ def start_node(
             raise TestbedError(f"cannot clear {layout.dir}: {'; '.join(errors)}")
         shutil.rmtree(layout.dir)
     layout.dir.mkdir(parents=True)
-    _write_private(layout.host_record, json.dumps(record_host(), indent=2) + "\n")
+    write_private(layout.host_record, json.dumps(record_host(), indent=2) + "\n")
     testbed.nodes[name] = {"dir": str(layout.dir)}
     testbed._save_state()
-    _write_private(MACHINE_LOCK, json.dumps({"dir": str(testbed.dir)}) + "\n")
+    write_private(MACHINE_LOCK, json.dumps({"dir": str(testbed.dir)}) + "\n")
     node = node_of(testbed, name)
     try:
         _start(testbed, node, binaries, (pause.tarball, busybox.tarball), support, timeout, progress)
@@ -724,7 +724,7 @@ def _node_credentials(testbed: Testbed, layout: NodeLayout, name: str) -> Path:
     pki = layout.dir / "pki"
     pki.mkdir(mode=0o700)
     ca_dir = testbed.ca_file.parent
-    _openssl(
+    openssl(
         "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
         "-keyout", "node.key", "-out", "node.csr", "-subj", f"/O=system:nodes/CN=system:node:{name}",
         cwd=pki,
@@ -732,7 +732,7 @@ def _node_credentials(testbed: Testbed, layout: NodeLayout, name: str) -> Path:
     (pki / "node.ext").write_text(
         "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n"
     )
-    _openssl(
+    openssl(
         "x509", "-req", "-in", "node.csr", "-CA", str(ca_dir / "ca.crt"), "-CAkey", str(ca_dir / "ca.key"),
         "-set_serial", "0x" + secrets.token_hex(16), "-days", "3650", "-extfile", "node.ext", "-out", "node.crt",
         cwd=pki,
@@ -749,7 +749,7 @@ def _node_credentials(testbed: Testbed, layout: NodeLayout, name: str) -> Path:
         "contexts": [{"name": "node", "context": {"cluster": "testbed", "user": user}}],
         "current-context": "node",
     }
-    _write_private(kubeconfig, yaml.safe_dump(config, sort_keys=False))
+    write_private(kubeconfig, yaml.safe_dump(config, sort_keys=False))
     binding = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRoleBinding",
@@ -778,7 +778,7 @@ def _start(
     config = layout.dir / "containerd" / "config.toml"
     config.write_text(containerd_config(layout, restrict_oom_score_adj=not support.can_lower_oom_score))
     (layout.dir / "cni" / "10-otel-dra.conflist").write_text(cni_config(layout))
-    ports = dict(zip(("kubelet", "kubelet_healthz"), _free_ports(2), strict=True))
+    ports = dict(zip(("kubelet", "kubelet_healthz"), free_ports(2), strict=True))
     kubelet_config_file = layout.dir / "kubelet-config.yaml"
     kubelet_config_file.write_text(
         yaml.safe_dump(
@@ -898,8 +898,7 @@ def _wait(
     last_report = started
     while True:
         comp = testbed.components[component]
-        proc = _CHILDREN.get(int(comp["pid"]))
-        if (proc.poll() is not None) if proc else not _process_alive(int(comp["pid"]), comp.get("start_time")):
+        if component_exited(int(comp["pid"]), comp.get("start_time")):
             raise TestbedError(f"{component} exited while waiting for {what}\n{testbed._log_tail(component)}")
         try:
             ok, state = check()
@@ -972,7 +971,7 @@ def stop_node(testbed: Testbed, name: str, *, progress: Progress = _to_stderr, t
 
 def _alive(testbed: Testbed, component: str) -> bool:
     comp = testbed.components.get(component)
-    return bool(comp and comp.get("pid") and _process_alive(int(comp["pid"]), comp.get("start_time")))
+    return bool(comp and comp.get("pid") and process_alive(int(comp["pid"]), comp.get("start_time")))
 
 
 def _node_pods(testbed: Testbed, name: str) -> list[tuple[str, str]]:
