@@ -15,10 +15,11 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	$(BIN)/pip check
 	touch $@
 
-# etcd, kube-apiserver/scheduler/controller-manager/kubectl, helm, the OpenTelemetry Collector (ocb)
-# and Jaeger, all from Go modules into ~/.cache/otel-dra (each skipped when already built).
+# etcd, kube-apiserver/scheduler/controller-manager/kubectl/kubelet, helm, the OpenTelemetry
+# Collector (ocb), Jaeger and containerd (the node tests), all from Go modules into ~/.cache/otel-dra
+# (each skipped when already built), and the node's locally made images.
 peers: install
-	$(BIN)/otel-dra testbed build --helm --otelcol --jaeger
+	$(BIN)/otel-dra testbed build --helm --otelcol --jaeger --node
 
 # Python gRPC stubs under otel_dra/_generated from proto/ (committed; tests/unit/test_protos.py
 # fails when they drift from the .proto files).

@@ -55,10 +55,11 @@ def test_build_without_go_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.M
 
 def test_build_skips_when_every_binary_exists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     release = kubernetes_release()  # OTEL_DRA_KUBERNETES_VERSION, else the default
+    key = control_plane(release)[0].key
     for rel in (
         f"bin/etcd-{release.etcd}/etcd",
-        *(f"bin/kubernetes-{release.version}/{name}" for name in ("kube-apiserver", "kube-scheduler")),
-        *(f"bin/kubernetes-{release.version}/{name}" for name in ("kube-controller-manager", "kubectl")),
+        *(f"bin/{key}/{name}" for name in ("kube-apiserver", "kube-scheduler", "kubelet")),
+        *(f"bin/{key}/{name}" for name in ("kube-controller-manager", "kubectl")),
     ):
         path = tmp_path / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -82,14 +83,14 @@ def test_failed_go_step_shows_its_output_and_leaves_nothing_half_done(
     monkeypatch.setenv("PATH", str(fake_bin))
     cache = tmp_path / "cache"
     lines: list[str] = []
-    version = kubernetes_release().version
+    key = control_plane()[0].key
     with pytest.raises(BuildError, match="go mod tidy\\] failed") as info:
         build(cache, progress=lines.append)
     assert "module lookup disabled (simulated)" in str(info.value)
-    assert lines == [f"[kubernetes-{version}: go mod tidy] started"]  # output only on failure
+    assert lines == [f"[{key}: go mod tidy] started"]  # output only on failure
     # The wrapper stays under its .tmp name: a later run starts it over instead of trusting it.
-    assert not (cache / "src" / f"kubernetes-{version}").exists()
-    assert not (cache / "bin" / f"kubernetes-{version}").exists()
+    assert not (cache / "src" / key).exists()
+    assert not (cache / "bin" / key).exists()
 
 
 def test_kubernetes_wrapper_pins_every_staging_module() -> None:
@@ -126,7 +127,9 @@ def test_a_release_is_named_by_minor_or_version(spec: str) -> None:
 def test_the_release_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("OTEL_DRA_KUBERNETES_VERSION", "1.36")
     assert kubernetes_release().version == "v1.36.3"
-    assert expected_binaries(tmp_path).kube_apiserver == tmp_path.resolve() / "bin/kubernetes-v1.36.3/kube-apiserver"
+    key = control_plane("1.36")[0].key
+    assert key.startswith("kubernetes-v1.36.3-")
+    assert expected_binaries(tmp_path).kube_apiserver == tmp_path.resolve() / "bin" / key / "kube-apiserver"
     with pytest.raises(BinariesMissingError, match=r"testbed build --kubernetes-version 1\.36"):
         find_binaries(tmp_path)
     monkeypatch.setenv("OTEL_DRA_KUBERNETES_VERSION", "1.33")

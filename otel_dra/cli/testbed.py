@@ -69,7 +69,13 @@ def add_parser(subparsers: Any) -> None:
         help="also build the OpenTelemetry Collector distribution with the Collector Builder (e2e tests)",
     )
     p_build.add_argument("--jaeger", action="store_true", help="also build Jaeger v2 (trace e2e tests)")
-    p_build.add_argument("--all", action="store_true", help="build every peer (--helm --otelcol --jaeger)")
+    p_build.add_argument(
+        "--node",
+        action="store_true",
+        help="also build containerd and make the node's pause and busybox images (`testbed up --node`; "
+        "the kubelet is always built with the control plane)",
+    )
+    p_build.add_argument("--all", action="store_true", help="build every peer (--helm --otelcol --jaeger --node)")
     add_kubernetes_version_flag(p_build)
     p_build.set_defaults(func=cmd_build)
 
@@ -85,6 +91,13 @@ def add_parser(subparsers: Any) -> None:
         "--controller-manager",
         action="store_true",
         help="also run kube-controller-manager (ResourceClaimTemplate -> ResourceClaim only)",
+    )
+    p_up.add_argument(
+        "--node",
+        metavar="NAME",
+        help="also run a real node: containerd and the kubelet, registered as Node NAME, with their state "
+        "under DIR (implies --scheduler and --controller-manager; needs root, `testbed build --node`, "
+        "and Debian's runc and containernetworking-plugins)",
     )
     p_up.add_argument(
         "--timeout",
@@ -109,7 +122,7 @@ def _error(message: str) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from otel_dra.testbed.build import build_helm, build_jaeger, build_otelcol
+    from otel_dra.testbed.build import build_helm, build_jaeger, build_node, build_otelcol
 
     extras: list[Path] = []
     started = time.monotonic()
@@ -121,6 +134,8 @@ def cmd_build(args: argparse.Namespace) -> int:
             extras.append(build_otelcol(args.cache, verbose=args.verbose))
         if args.jaeger or args.all:
             extras.append(build_jaeger(args.cache, verbose=args.verbose))
+        if args.node or args.all:
+            extras.extend(build_node(args.cache, verbose=args.verbose))
     except BuildError as exc:
         return _error(str(exc))
     for path in (*binaries.all(), *extras):
@@ -130,20 +145,48 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from otel_dra.testbed.build import find_binaries
+    from otel_dra.testbed.node import check_node, start_node
+
     started = time.monotonic()
+    if args.node:
+        # Before the control plane starts: a machine that cannot run a node fails at once.
+        try:
+            check_node(args.dir, args.node, find_binaries(version=args.kubernetes_version).kubelet)
+        except (BuildError, TestbedError) as exc:
+            return _error(str(exc))
     try:
         testbed = up(
             args.dir,
-            scheduler=args.scheduler,
-            controller_manager=args.controller_manager,
+            scheduler=args.scheduler or bool(args.node),
+            controller_manager=args.controller_manager or bool(args.node),
             timeout=args.timeout,
             kubernetes_version=args.kubernetes_version,
         )
     except (BuildError, TestbedError) as exc:
         return _error(str(exc))
+    if args.node:
+        try:
+            start_node(testbed, args.node, timeout=args.timeout)
+        except (BuildError, TestbedError) as exc:
+            try:
+                testbed.down()
+            except TestbedError as down_exc:
+                return _error(f"{exc}\nand stopping the testbed again: {down_exc}")
+            return _error(str(exc))
     print(f"testbed ready in {time.monotonic() - started:.1f}s: {testbed.server}", file=sys.stderr)
     for name, pid in testbed.pids.items():
         print(f"  {name}: pid {pid}, log {testbed.dir / 'logs' / f'{name}.log'}", file=sys.stderr)
+    if args.node:
+        from otel_dra.testbed.node import node_of
+
+        node = node_of(testbed, args.node)
+        print(
+            f"  node {node.name}: a DRA plugin takes --kubelet-plugins-directory-path={node.plugins_dir} "
+            f"--kubelet-registrar-directory-path={node.registry_dir} --cdi-root={node.cdi_dir}; "
+            f"pod logs under {node.pod_logs}",
+            file=sys.stderr,
+        )
     print(f"stop it with: otel-dra testbed down --dir {testbed.dir}", file=sys.stderr)
     # stdout carries only what scripts need: `export $(otel-dra testbed up --dir d)`.
     print(f"KUBECONFIG={testbed.kubeconfig}")
@@ -151,9 +194,10 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
+    started = time.monotonic()
     try:
         down(args.dir)
     except TestbedError as exc:
         return _error(str(exc))
-    print(f"testbed in {args.dir.resolve()} stopped", file=sys.stderr)
+    print(f"testbed in {args.dir.resolve()} stopped in {time.monotonic() - started:.1f}s", file=sys.stderr)
     return 0

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -34,6 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HELM_VERSION = "v3.21.4"
+# The node's container runtime (``testbed up --node``): a current 2.x release, which has CDI on by
+# default (Debian's containerd 1.6 has none).
+CONTAINERD_VERSION = "v2.4.2"
 
 # k8s.io/kubernetes requires its staging modules at v0.0.0 and relies on replace lines in its own
 # go.mod, which do not apply to a module that depends on it; the wrapper must replace each of them
@@ -75,7 +79,9 @@ KUBERNETES_STAGING_MODULES = (
 # 1.36 added two staging modules.
 _STAGING_SINCE_1_36 = tuple(sorted((*KUBERNETES_STAGING_MODULES, "cri-streaming", "streaming")))
 
-KUBERNETES_COMMANDS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl")
+# The kubelet is a node part (``testbed up --node``), built with the control plane from the same
+# wrapper module so that a node always runs the control plane's version.
+KUBERNETES_COMMANDS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl", "kubelet")
 
 
 def version_key(text: str) -> tuple[int, ...]:
@@ -210,6 +216,11 @@ class GoPeer:
     title: str = ""
     # The oldest Go toolchain that builds this version, for the hint when `go` is missing.
     min_go: str = "1.24"
+    # True: the key also carries a digest of the build recipe (packages, flags, replaces), so that a
+    # row that gains a binary or a flag builds into a new directory beside the old one. Without it a
+    # warm cache would either keep a directory that lacks the new binary or have to rebuild it in
+    # place, under the feet of every checkout that shares the cache.
+    recipe_in_key: bool = False
 
     def __post_init__(self) -> None:
         if not self.packages:
@@ -221,7 +232,28 @@ class GoPeer:
 
     @property
     def key(self) -> str:
+        if self.recipe_in_key:
+            return f"{self.name}-{self.version}-{self.recipe_digest()}"
         return f"{self.name}-{self.version}"
+
+    def recipe_digest(self) -> str:
+        """Ten hex digits of SHA-256 over what decides the row's binaries besides module and version."""
+        import hashlib
+
+        recipe = json.dumps(
+            {
+                "packages": self.packages,
+                "binary": self.binary,
+                "imports": self.tools_imports(),
+                "ldflags": self.go_ldflags(),
+                "replaces": self.go_replaces(),
+                "godebug": self.godebug,
+                "cgo": self.cgo,
+                "trimpath": self.trimpath,
+            },
+            sort_keys=True,
+        )
+        return hashlib.sha256(recipe.encode()).hexdigest()[:10]
 
     @property
     def binaries(self) -> tuple[str, ...]:
@@ -291,7 +323,7 @@ KUBERNETES = GoPeer(
     godebug=_OLDEST.godebug,
     # The control plane has always been built with the environment's cgo setting; forcing it either
     # way would make a fresh machine's binaries differ from the cached ones.
-    cgo=None, title="Kubernetes",
+    cgo=None, title="Kubernetes", recipe_in_key=True,
 )  # fmt: skip
 # A module build has no release ldflags for the Kubernetes version, so helm assumes an old one:
 # callers pass ``--kube-version`` to ``template``/``lint``.
@@ -309,7 +341,25 @@ JAEGER = GoPeer(
     label="cmd/jaeger", title="Jaeger", min_go="1.26",
 )  # fmt: skip
 
-PEERS: tuple[GoPeer, ...] = (ETCD, KUBERNETES, HELM, OCB, JAEGER)
+
+def containerd_version_ldflags(peer: GoPeer) -> str:
+    # As containerd's Makefile does: the version `containerd --version` and the CRI's Version report.
+    package = "github.com/containerd/containerd/v2"
+    return f"-s -w -X {package}/version.Version={peer.version} -X {package}/version.Package={package}"
+
+
+# containerd, its CLI and the runc shim (runc itself and the CNI plugins come from Debian, see
+# .ci/run). Static (the Makefile's default for releases): cgo would only add the btrfs snapshotter,
+# whose headers a fresh machine lacks.
+CONTAINERD = GoPeer(
+    "containerd", CONTAINERD_VERSION, "github.com/containerd/containerd/v2",
+    packages=tuple(
+        f"github.com/containerd/containerd/v2/cmd/{name}" for name in ("containerd", "ctr", "containerd-shim-runc-v2")
+    ),
+    ldflags=containerd_version_ldflags, title="containerd", min_go="1.26",
+)  # fmt: skip
+
+PEERS: tuple[GoPeer, ...] = (ETCD, KUBERNETES, HELM, OCB, JAEGER, CONTAINERD)
 # What `build` builds and `Binaries` points at, in build order.
 CONTROL_PLANE: tuple[GoPeer, ...] = (KUBERNETES, ETCD)
 
@@ -334,6 +384,7 @@ class Binaries:
     kube_scheduler: Path
     kube_controller_manager: Path
     kubectl: Path
+    kubelet: Path
 
     def all(self) -> tuple[Path, ...]:
         return tuple(getattr(self, field.name) for field in dataclasses.fields(self))
@@ -346,7 +397,9 @@ class Binaries:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, str]) -> Binaries:
-        """The inverse of :meth:`as_dict`; keys that are not fields (other binaries) are ignored."""
+        """The inverse of :meth:`as_dict`; keys that are not fields (other binaries) are ignored, and
+        a state file from before the kubelet was built names it beside kube-apiserver."""
+        data = {"kubelet": str(Path(data["kube-apiserver"]).with_name("kubelet")), **data}
         return cls(**{field.name: Path(data[_binary_name(field.name)]) for field in dataclasses.fields(cls)})
 
 
@@ -360,14 +413,14 @@ def default_cache_root() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "otel-dra"
 
 
-def _resolve_root(cache_root: Path | None) -> Path:
+def resolve_cache_root(cache_root: Path | None) -> Path:
     return (cache_root if cache_root is not None else default_cache_root()).expanduser().resolve()
 
 
 def expected_binaries(cache_root: Path | None = None, version: str | KubernetesRelease | None = None) -> Binaries:
     """Where the binaries of a release (default: :func:`kubernetes_release`'s) live under the cache
     root, built or not."""
-    root = _resolve_root(cache_root)
+    root = resolve_cache_root(cache_root)
     return Binaries.from_dict(
         {name: str(peer.bin_dir(root) / name) for peer in control_plane(version) for name in peer.binaries}
     )
@@ -418,7 +471,7 @@ def go_environment(cache_root: Path | None = None) -> dict[str, str]:
     GOTOOLCHAIN=local keeps go from trying to fetch a newer toolchain (there is no such download
     here); -mod=mod lets go update go.sum for the wrapper modules instead of failing.
     """
-    root = _resolve_root(cache_root)
+    root = resolve_cache_root(cache_root)
     env = dict(os.environ)
     env["GOMODCACHE"] = str(root / "go" / "mod")
     env["GOCACHE"] = str(root / "go" / "build")
@@ -623,7 +676,7 @@ def build_peer(
     verbose: bool = False,
 ) -> Path:
     """Build any row of the peer table unless its binaries already exist; returns ``bin/<key>/``."""
-    root = _resolve_root(cache_root)
+    root = resolve_cache_root(cache_root)
     _build_peers(root, (peer,), peer.title, progress, verbose)
     return peer.bin_dir(root)
 
@@ -681,7 +734,7 @@ def build(
     runs return immediately. ``progress`` receives human-readable status lines; with ``verbose`` it
     also receives go's output as it happens.
     """
-    root = _resolve_root(cache_root)
+    root = resolve_cache_root(cache_root)
     peers = control_plane(version)
     binaries = expected_binaries(root, version)
     # The rows, not `Binaries`: a binary added to a row is built even before the testbed runs it.
@@ -702,7 +755,7 @@ def build_helm(cache_root: Path | None = None, progress: Progress = _to_stderr, 
 
 
 def find_helm(cache_root: Path | None = None) -> Path:
-    return _require_built(HELM.bin_dir(_resolve_root(cache_root)) / "helm", HELM.title, "helm")
+    return _require_built(HELM.bin_dir(resolve_cache_root(cache_root)) / "helm", HELM.title, "helm")
 
 
 def build_ocb(cache_root: Path | None = None, progress: Progress = _to_stderr, *, verbose: bool = False) -> Path:
@@ -715,8 +768,23 @@ def build_jaeger(cache_root: Path | None = None, progress: Progress = _to_stderr
     return build_peer(JAEGER, cache_root, progress, verbose=verbose) / "jaeger"
 
 
+def build_node(cache_root: Path | None = None, progress: Progress = _to_stderr, *, verbose: bool = False) -> list[Path]:
+    """The node parts besides the kubelet (built with the control plane): containerd, ctr and the
+    runc shim, and the locally made pause and busybox images. runc and the CNI plugins come from
+    Debian (.ci/run installs them)."""
+    from otel_dra.testbed.images import ImageError, node_images
+
+    root = resolve_cache_root(cache_root)
+    bin_dir = build_peer(CONTAINERD, root, progress, verbose=verbose)
+    try:
+        images = node_images(root)
+    except ImageError as exc:
+        raise BuildError(str(exc)) from None
+    return [*(bin_dir / name for name in CONTAINERD.binaries), *(image.tarball for image in images)]
+
+
 def find_jaeger(cache_root: Path | None = None) -> Path:
-    return _require_built(JAEGER.bin_dir(_resolve_root(cache_root)) / "jaeger", JAEGER.title, "jaeger")
+    return _require_built(JAEGER.bin_dir(resolve_cache_root(cache_root)) / "jaeger", JAEGER.title, "jaeger")
 
 
 # --- prometheus-operator CRDs (chart tests) --------------------------------------------------------
@@ -730,7 +798,7 @@ def prometheus_operator_crds(cache_root: Path | None = None) -> list[Path]:
     from the prometheus-operator module (kept in the module cache; no network once cached)."""
     import json
 
-    root = _resolve_root(cache_root)
+    root = resolve_cache_root(cache_root)
     root.mkdir(parents=True, exist_ok=True)
     module = f"github.com/prometheus-operator/prometheus-operator@{PROMETHEUS_OPERATOR_VERSION}"
     result = subprocess.run(
@@ -822,7 +890,7 @@ def _otelcol_bin_dir(root: Path) -> Path:
 
 
 def find_otelcol(cache_root: Path | None = None) -> Path:
-    path = _otelcol_bin_dir(_resolve_root(cache_root)) / OTELCOL_NAME
+    path = _otelcol_bin_dir(resolve_cache_root(cache_root)) / OTELCOL_NAME
     return _require_built(path, OTELCOL_TITLE, "otelcol")
 
 
@@ -839,7 +907,7 @@ def build_otelcol(
     ``go build`` there (with our GOMODCACHE/GOCACHE/GOTOOLCHAIN, which it passes through), and the
     binary is moved into ``<cache>/bin/<key>/`` only once it exists.
     """
-    root = _resolve_root(cache_root)
+    root = resolve_cache_root(cache_root)
     key = _otelcol_key()
     target = _otelcol_bin_dir(root) / OTELCOL_NAME
     if _is_executable(target):

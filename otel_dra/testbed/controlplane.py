@@ -145,6 +145,8 @@ class Testbed:
     binaries: Binaries
     # Per component: argv, pid, start_time (to detect pid reuse) and log path, as in state.json.
     components: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Real nodes (otel_dra.testbed.node), by node name: their directory and ports.
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     # --- state -----------------------------------------------------------------------------------
 
@@ -167,8 +169,9 @@ class Testbed:
             "ports": self.ports,
             "binaries": self.binaries.as_dict(),
             "components": self.components,
+            "nodes": self.nodes,
         }
-        _write_private(self.state_file, json.dumps(state, indent=2) + "\n")
+        write_private(self.state_file, json.dumps(state, indent=2) + "\n")
 
     @classmethod
     def load(cls, dir: Path) -> Testbed:
@@ -189,6 +192,7 @@ class Testbed:
             ports={k: int(v) for k, v in state["ports"].items()},
             binaries=Binaries.from_dict(state["binaries"]),
             components=state["components"],
+            nodes=state.get("nodes", {}),
         )
 
     # --- using the cluster -----------------------------------------------------------------------
@@ -235,7 +239,7 @@ class Testbed:
         """SIGKILL kube-apiserver (no graceful shutdown: open watches see their connections reset,
         not closed), as a crash or an OOM kill would; ``start_apiserver`` brings it back."""
         comp = self.components.get(APISERVER)
-        if comp and comp.get("pid") and _process_alive(int(comp["pid"]), comp.get("start_time")):
+        if comp and comp.get("pid") and process_alive(int(comp["pid"]), comp.get("start_time")):
             _signal_group(int(comp["pid"]), signal.SIGKILL)
         self._stop(APISERVER, timeout)  # reaps it (and signals nothing more once it is gone)
         self._save_state()
@@ -245,7 +249,7 @@ class Testbed:
         comp = self.components.get(APISERVER)
         if comp is None:
             raise TestbedError(f"{self.dir}: kube-apiserver was never started here")
-        if comp.get("pid") and _process_alive(int(comp["pid"]), comp.get("start_time")):
+        if comp.get("pid") and process_alive(int(comp["pid"]), comp.get("start_time")):
             raise TestbedError(f"{self.dir}: kube-apiserver is already running (pid {comp['pid']})")
         self._spawn(APISERVER, comp["argv"], append_log=True)
         try:
@@ -256,13 +260,29 @@ class Testbed:
             raise
 
     def down(self, timeout: float = _STOP_TIMEOUT) -> None:
-        """Stop every component and delete etcd's data; logs, PKI and kubeconfig stay for inspection."""
+        """Stop every component and delete etcd's data; logs, PKI and kubeconfig stay for inspection.
+
+        Nodes go first, while the API server still runs: their pods are deleted through it, and
+        only then are kubelet and containerd stopped and the host put back. A node that could not
+        be undone completely still lets the control plane stop, and then raises."""
+        node_error: TestbedError | None = None
+        if self.nodes:
+            from otel_dra.testbed.node import stop_nodes  # node builds on this module
+
+            try:
+                stop_nodes(self)
+            except TestbedError as exc:
+                node_error = exc
         for name in reversed(COMPONENTS):
             self._stop(name, timeout)
         shutil.rmtree(self.dir / "etcd", ignore_errors=True)
         self.state_file.unlink(missing_ok=True)
+        if node_error is not None:
+            raise node_error
 
-    def _spawn(self, name: str, argv: Sequence[str], *, append_log: bool = False) -> None:
+    def _spawn(
+        self, name: str, argv: Sequence[str], *, append_log: bool = False, env: Mapping[str, str] | None = None
+    ) -> None:
         log_path = self.dir / "logs" / f"{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab" if append_log else "wb") as log:
@@ -275,6 +295,7 @@ class Testbed:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=None if env is None else dict(env),
             )
         _CHILDREN[proc.pid] = proc
         self.components[name] = {
@@ -293,7 +314,7 @@ class Testbed:
         pgid = int(comp["pid"])
         proc = _CHILDREN.pop(pgid, None)
         comp["pid"] = None
-        if not _process_alive(pgid, comp.get("start_time")):
+        if not process_alive(pgid, comp.get("start_time")):
             # Already gone, or the pid now belongs to someone else: signal nothing.
             if proc is not None:
                 proc.poll()
@@ -316,7 +337,7 @@ class Testbed:
         last_error = "no answer yet"
         while True:
             proc = _CHILDREN.get(int(comp["pid"]))
-            exited = proc.poll() is not None if proc else not _process_alive(int(comp["pid"]), None)
+            exited = proc.poll() is not None if proc else not process_alive(int(comp["pid"]), None)
             if exited:
                 code = f" with code {proc.returncode}" if proc else ""
                 raise TestbedError(f"{name} exited{code} while starting\n{self._log_tail(name)}")
@@ -393,7 +414,7 @@ def up(
     dir.mkdir(parents=True, exist_ok=True)
     if (dir / "state.json").exists():
         existing = Testbed.load(dir)
-        if any(_process_alive(pid, existing.components[n].get("start_time")) for n, pid in existing.pids.items()):
+        if any(process_alive(pid, existing.components[n].get("start_time")) for n, pid in existing.pids.items()):
             raise TestbedError(f"a testbed is already running in {dir}; run `otel-dra testbed down` first")
         existing.down()
     binaries = binaries or find_binaries(version=release)
@@ -404,7 +425,7 @@ def up(
     _make_pki(pki)
     token = secrets.token_urlsafe(32)
     token_file = dir / "tokens.csv"
-    _write_private(token_file, f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
+    write_private(token_file, f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
     # A fresh cluster every time: stale data would resurrect objects from an earlier run.
     etcd_data = dir / "etcd"
     shutil.rmtree(etcd_data, ignore_errors=True)
@@ -412,7 +433,7 @@ def up(
     names = ["etcd_client", "etcd_peer", "apiserver"]
     names += ["scheduler"] if scheduler else []
     names += ["controller_manager"] if controller_manager else []
-    ports = dict(zip(names, _free_ports(len(names)), strict=True))
+    ports = dict(zip(names, free_ports(len(names)), strict=True))
     server = f"https://127.0.0.1:{ports['apiserver']}"
     gate_list = ",".join(f"{name}={str(on).lower()}" for name, on in sorted(feature_gates.items()))
     gates = [f"--feature-gates={gate_list}"] if gate_list else []
@@ -584,7 +605,7 @@ def running(
 # --- helpers -----------------------------------------------------------------------------------------
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """Distinct free loopback ports: all sockets are held open together so none is handed out twice."""
     with contextlib.ExitStack() as stack:
         sockets = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
@@ -593,7 +614,7 @@ def _free_ports(count: int) -> list[int]:
         return [int(sock.getsockname()[1]) for sock in sockets]
 
 
-def _openssl(*args: str, cwd: Path) -> None:
+def openssl(*args: str, cwd: Path) -> None:
     result = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
     if result.returncode != 0:
         raise TestbedError(f"openssl {' '.join(args[:2])} failed:\n{result.stderr.strip()}")
@@ -605,14 +626,14 @@ def _make_pki(pki: Path) -> None:
     pki.mkdir(parents=True, mode=0o700)
     days = "3650"
     ec_key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    _openssl(
+    openssl(
         "req", "-x509", *ec_key, "-keyout", "ca.key", "-out", "ca.crt", "-days", days,
         "-subj", "/CN=otel-dra-testbed-ca",
         "-addext", "basicConstraints=critical,CA:TRUE",
         "-addext", "keyUsage=critical,keyCertSign,cRLSign",
         cwd=pki,
     )  # fmt: skip
-    _openssl(
+    openssl(
         "req", *ec_key, "-keyout", "apiserver.key", "-out", "apiserver.csr", "-subj", "/CN=kube-apiserver",
         cwd=pki,
     )  # fmt: skip
@@ -624,18 +645,18 @@ def _make_pki(pki: Path) -> None:
         "subjectAltName=IP:127.0.0.1,DNS:localhost,IP:10.0.0.1,DNS:kubernetes,"
         "DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
     )
-    _openssl(
+    openssl(
         "x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
         "-set_serial", "0x" + secrets.token_hex(16), "-days", days, "-extfile", "apiserver.ext",
         "-out", "apiserver.crt",
         cwd=pki,
     )  # fmt: skip
     # RSA: RS256 is the one algorithm every ServiceAccount-token consumer (OIDC discovery) accepts.
-    _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", "sa.key", cwd=pki)
-    _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
+    openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", "sa.key", cwd=pki)
+    openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
 
 
-def _write_private(path: Path, content: str) -> None:
+def write_private(path: Path, content: str) -> None:
     """Write a file readable only by its owner (it holds a token or key)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -662,7 +683,7 @@ def _write_kubeconfig(path: Path, *, server: str, ca_pem: bytes, user: str, toke
         "current-context": "otel-dra-testbed",
         "preferences": {},
     }
-    _write_private(path, yaml.safe_dump(config, sort_keys=False))
+    write_private(path, yaml.safe_dump(config, sort_keys=False))
 
 
 # --- processes ---------------------------------------------------------------------------------------
@@ -687,7 +708,7 @@ def _process_start_time(pid: int) -> int | None:
     return int(stat[19]) if stat else None  # field 22: start time in clock ticks since boot
 
 
-def _process_alive(pid: int, start_time: int | None) -> bool:
+def process_alive(pid: int, start_time: int | None) -> bool:
     """Whether ``pid`` is a live (non-zombie) process and, if known, the one started at ``start_time``."""
     if Path("/proc/self/stat").exists():
         stat = _proc_stat(pid)
@@ -701,6 +722,12 @@ def _process_alive(pid: int, start_time: int | None) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def component_exited(pid: int, start_time: int | None) -> bool:
+    """Whether a component started by any handle has exited (reaping it if this process started it)."""
+    proc = _CHILDREN.get(pid)
+    return proc.poll() is not None if proc is not None else not process_alive(pid, start_time)
 
 
 def _group_alive(pgid: int) -> bool:

@@ -125,6 +125,7 @@ def test_each_rows_wrapper_module() -> None:
         '\t_ "k8s.io/kubernetes/cmd/kube-controller-manager"\n'
         '\t_ "k8s.io/kubectl/pkg/cmd"\n'
         '\t_ "k8s.io/kubernetes/cmd/kubectl"\n'
+        '\t_ "k8s.io/kubernetes/cmd/kubelet"\n'
         ")\n"
     )
     assert b.kubernetes_wrapper_files() == kubernetes
@@ -181,8 +182,8 @@ def test_each_rows_go_build_command_and_environment() -> None:
 
 def test_another_kubernetes_version_is_the_same_row_with_its_version() -> None:
     row = dataclasses.replace(b.KUBERNETES, version="v1.37.2")
-    assert row.key == "kubernetes-v1.37.2"
-    assert row.bin_dir(Path("/c")) == Path("/c/bin/kubernetes-v1.37.2")
+    assert row.key == f"kubernetes-v1.37.2-{row.recipe_digest()}"
+    assert row.bin_dir(Path("/c")) == Path(f"/c/bin/{row.key}")
     go_mod = b.wrapper_files(row)["go.mod"]
     assert "require k8s.io/kubernetes v1.37.2\n" in go_mod
     assert all(f"replace k8s.io/{name} => k8s.io/{name} v0.37.2\n" in go_mod for name in b.KUBERNETES_STAGING_MODULES)
@@ -192,7 +193,8 @@ def test_another_kubernetes_version_is_the_same_row_with_its_version() -> None:
 
 def test_the_table_has_one_row_per_cache_key() -> None:
     keys = [peer.key for peer in b.PEERS]
-    assert keys == ["etcd-v3.6.16", "kubernetes-v1.34.4", "helm-v3.21.4", "ocb-v0.165.0", "jaeger-v1.76.0"]
+    kubernetes = f"kubernetes-v1.34.4-{b.KUBERNETES.recipe_digest()}"
+    assert keys == ["etcd-v3.6.16", kubernetes, "helm-v3.21.4", "ocb-v0.165.0", "jaeger-v1.76.0", "containerd-v2.4.2"]
     assert set(b.CONTROL_PLANE) <= set(b.PEERS)
     with pytest.raises(ValueError, match="one-package row only"):
         b.GoPeer("x", "v1.0.0", "example.com/x", ("example.com/x/a", "example.com/x/b"), binary="x")
@@ -309,20 +311,42 @@ def test_binaries_are_keyed_by_binary_name(tmp_path: Path) -> None:
     data = binaries.as_dict()
     assert data == {
         "etcd": str(tmp_path / "bin/etcd-v3.6.16/etcd"),
-        **{name: str(tmp_path / "bin/kubernetes-v1.34.4" / name) for name in b.KUBERNETES_COMMANDS},
+        **{name: str(tmp_path / "bin" / b.control_plane("1.34")[0].key / name) for name in b.KUBERNETES_COMMANDS},
     }
     assert list(map(str, binaries.all())) == list(data.values())
     # State files of a newer build (with more binaries) still load.
-    assert b.Binaries.from_dict({**data, "kubelet": "/elsewhere/kubelet"}) == binaries
+    assert b.Binaries.from_dict({**data, "kube-proxy": "/elsewhere/kube-proxy"}) == binaries
+    # And those from before the kubelet was built name it beside kube-apiserver.
+    older = {name: path for name, path in data.items() if name != "kubelet"}
+    assert b.Binaries.from_dict(older) == binaries
 
 
-def test_a_binary_added_to_a_control_plane_row_is_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_binary_added_to_a_control_plane_row_is_built_beside_the_old_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm cache of a row without the new binary keeps its directory (other checkouts share the
+    cache and still run it); the row with the binary has another key, so it builds anew."""
     for path in b.expected_binaries(tmp_path, "1.34").all():
         _fake_binary(path)
+    old = b.control_plane("1.34")[0]
     calls = _fake_go(tmp_path, monkeypatch)
-    kubernetes = dataclasses.replace(b.KUBERNETES, packages=(*b.KUBERNETES.packages, "k8s.io/kubernetes/cmd/kubelet"))
+    kubernetes = dataclasses.replace(
+        b.KUBERNETES, packages=(*b.KUBERNETES.packages, "k8s.io/kubernetes/cmd/kube-proxy")
+    )
     monkeypatch.setattr(b, "CONTROL_PLANE", (kubernetes, b.ETCD))
+    new = b.control_plane("1.34")[0]
+    assert new.key != old.key and new.key.startswith("kubernetes-v1.34.4-")
     binaries = b.build(tmp_path, progress=lambda _: None, version="1.34")
-    assert binaries == b.find_binaries(tmp_path, "1.34")  # `Binaries` has no kubelet field: it is just built
-    assert (tmp_path / "bin" / "kubernetes-v1.34.4" / "kubelet").is_file()
+    assert binaries == b.find_binaries(tmp_path, "1.34")
+    assert (tmp_path / "bin" / new.key / "kube-proxy").is_file()
+    assert sorted(p.name for p in (tmp_path / "bin" / old.key).iterdir()) == sorted(b.KUBERNETES_COMMANDS)
     assert [call[2] for call in _go_calls(calls)] == ["mod", "build"]  # etcd was there already
+
+
+def test_only_rows_that_ask_for_it_carry_a_recipe_digest() -> None:
+    assert b.ETCD.key == "etcd-v3.6.16" and b.CONTAINERD.key == "containerd-v2.4.2"
+    digest = b.KUBERNETES.recipe_digest()
+    assert len(digest) == 10 and digest == b.KUBERNETES.recipe_digest()  # stable across calls
+    # Each release's row differs (ldflags, replaces, godebug), and so does a row with other flags.
+    assert len({row.key for minor in ("1.34", "1.37") for row in b.control_plane(minor)[:1]}) == 2
+    assert dataclasses.replace(b.KUBERNETES, ldflags="-s").key != b.KUBERNETES.key

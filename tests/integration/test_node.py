@@ -1,0 +1,424 @@
+"""A real node: containerd and the kubelet of the control plane's release joined to the testbed,
+and the example DRA plugin as a host process that the kubelet registers and drives.
+
+Container output is read from the kubelet's pod log files: the API server would reach the kubelet
+for `kubectl logs` at the machine's own address, and test traffic stays on loopback (the pods'
+bridge has no address on the host and no route out).
+
+Marked `node` (``pytest -m node``); skipped, with the reason, where the machine cannot run a node
+(not root, no overlayfs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from otel_dra.fixtures import create
+from otel_dra.kube.client import ApiError, KubeClient, load_credentials
+from otel_dra.testbed import Binaries, Testbed, running
+from otel_dra.testbed.build import BinariesMissingError, build_node, kubernetes_release
+from otel_dra.testbed.images import BUSYBOX_IMAGE
+from otel_dra.testbed.node import (
+    OUTSIDE_PATHS,
+    Node,
+    find_node_binaries,
+    host_support,
+    node_of,
+    processes_of,
+    restart_kubelet,
+    start_node,
+)
+from tests.helpers import driver_class, wait_until
+
+pytestmark = [pytest.mark.node, pytest.mark.testbed]
+
+ROOT = Path(__file__).resolve().parents[2]
+DRIVER = "gpu.example.com"
+NAMESPACE = "default"
+# A container that prints its environment and then waits to be stopped (PID 1 needs a handler).
+_PRINT_ENV = "env; trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"
+
+
+@pytest.fixture(scope="module")
+def node_support(testbed_binaries: Binaries) -> Binaries:
+    support = host_support()
+    if support.problems:
+        pytest.skip("this machine cannot run a testbed node: " + "; ".join(support.problems))
+    try:
+        find_node_binaries(testbed_binaries.kubelet)
+    except BinariesMissingError:
+        build_node()  # containerd (minutes, once) and the images; runc/CNI missing still fails below
+        find_node_binaries(testbed_binaries.kubelet)
+    return testbed_binaries
+
+
+# --- what a node may change on the host, seen from outside -----------------------------------------
+
+
+def _run(*argv: str) -> str:
+    result = subprocess.run(list(argv), capture_output=True, text=True)
+    return result.stdout if result.returncode == 0 else f"<{argv[0]} failed: {result.stderr.strip()}>"
+
+
+def _listing(path: Path) -> list[str] | None:
+    if not path.exists():
+        return None
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def host_state() -> dict[str, Any]:
+    """Mounts, iptables rules, sysctls, links, cgroups, fixed paths: all a node could leave behind."""
+    cgroups = {}
+    for hierarchy in sorted(Path("/sys/fs/cgroup").iterdir()):
+        if hierarchy.is_dir() and not hierarchy.is_symlink():
+            cgroups[hierarchy.name] = sorted(p.name for p in hierarchy.iterdir() if p.is_dir())
+    sysctls = {}
+    for pattern in ("kernel/panic*", "vm/overcommit*", "vm/panic_on_oom", "kernel/keys/root_max*"):
+        for path in sorted(Path("/proc/sys").glob(pattern)):
+            sysctls[str(path)] = path.read_text().strip()
+    for path in (Path("/proc/sys/net/ipv4/ip_forward"), Path("/proc/sys/net/ipv6/conf/all/forwarding")):
+        with contextlib.suppress(OSError):
+            sysctls[str(path)] = path.read_text().strip()
+    return {
+        "mounts": sorted(line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()),
+        "iptables": {
+            f"{binary} {table}": _run(binary, "-w", "-t", table, "-S")
+            for binary in ("iptables", "ip6tables")
+            for table in ("filter", "nat", "mangle", "raw")
+        },
+        "sysctls": sysctls,
+        "links": sorted(os.listdir("/sys/class/net")),
+        "cgroups": cgroups,
+        "paths": {p: _listing(Path(p)) for p in (*OUTSIDE_PATHS, "/var/log/pods", "/var/lib/containerd")},
+    }
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "otel_dra", "testbed", *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
+def _pod(name: str, containers: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"terminationGracePeriodSeconds": 1, "containers": containers, **spec},
+    }
+
+
+def _container(name: str, *, claims: tuple[str, ...] = ()) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": name,
+        "image": BUSYBOX_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["/bin/sh", "-c", _PRINT_ENV],
+    }
+    if claims:
+        container["resources"] = {"claims": [{"name": claim} for claim in claims]}
+    return container
+
+
+def _phase(client: KubeClient, name: str) -> str:
+    try:
+        pod = client.get_json(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+    except ApiError as err:
+        if err.status == 404:
+            return "Gone"
+        raise
+    return str((pod.get("status") or {}).get("phase", "Pending"))
+
+
+def _wait_running(client: KubeClient, name: str, node: Node, timeout: float = 90) -> float:
+    started = time.monotonic()
+    try:
+        wait_until(lambda: _phase(client, name) == "Running", timeout=timeout, interval=0.2, what=f"pod {name} Running")
+    except AssertionError:
+        kubelet_tail = "\n".join(node.kubelet_log.read_text(errors="replace").splitlines()[-40:])
+        pod = client.get_json(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+        raise AssertionError(f"pod {name} not Running: {pod.get('status')}\n--- kubelet ---\n{kubelet_tail}") from None
+    return time.monotonic() - started
+
+
+def _container_env(node: Node, pod: str, container: str) -> set[str]:
+    """The `env` a container printed, from the kubelet's log file (CRI format: time stream tag text)."""
+    [pod_dir] = node.pod_logs.glob(f"{NAMESPACE}_{pod}_*")
+    log = pod_dir / container / "0.log"
+    wait_until(lambda: log.is_file() and "PWD=" in log.read_text(), timeout=30, what=f"{pod}/{container} output")
+    return {line.split(" ", 3)[3] for line in log.read_text().splitlines() if line.split(" ", 3)[1:2] == ["stdout"]}
+
+
+# --- up and down from the command line ------------------------------------------------------------
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A testbed directory short enough for the node's unix sockets (pytest's tmp_path is not)."""
+    path = Path(tempfile.mkdtemp(prefix="otel-dra-node-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_up_with_a_node_and_down_leave_nothing_behind(short_dir: Path, node_support: Binaries) -> None:
+    """`testbed up --node` returns with the Node Ready, a pod of the local busybox image runs on it,
+    and `testbed down` deletes it, stops everything and puts back every host change."""
+    before = host_state()
+    dir = short_dir / "tb"
+    started = time.monotonic()
+    up = _cli("up", "--dir", str(dir), "--node", "n1")
+    up_seconds = time.monotonic() - started
+    try:
+        assert up.returncode == 0, up.stderr
+        assert up.stdout == f"KUBECONFIG={dir / 'kubeconfig'}\n"
+        ready = re.search(r"node n1 Ready after ([\d.]+)s", up.stderr)
+        assert ready, up.stderr
+        testbed = Testbed.load(dir)
+        client = KubeClient(load_credentials(str(testbed.kubeconfig)))
+        node = client.get_json("/api/v1/nodes/n1")
+        assert {c["type"]: c["status"] for c in node["status"]["conditions"]}["Ready"] == "True"
+        assert node["status"]["nodeInfo"]["kubeletVersion"] == kubernetes_release().version  # the control plane's
+        assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://2.")
+        create(client, _pod("bb", [_container("c")]))
+        running_seconds = _wait_running(client, "bb", node_of(testbed, "n1"))
+        assert "PATH=/bin" in _container_env(node_of(testbed, "n1"), "bb", "c")
+    finally:
+        started = time.monotonic()
+        down = _cli("down", "--dir", str(dir))
+        down_seconds = time.monotonic() - started
+    assert down.returncode == 0, down.stderr
+    assert "node n1: deleting 1 pod(s)" in down.stderr
+    print(
+        f"\nup --node {up_seconds:.1f}s (node Ready {ready.group(1)}s after containerd started), "
+        f"pod Running {running_seconds:.1f}s, down {down_seconds:.1f}s"
+    )
+    assert processes_of(dir) == []
+    after = host_state()
+    for key in before:
+        assert after[key] == before[key], f"{key} differs after down"
+
+
+# --- the plugin as a host process ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def node_testbed(node_support: Binaries) -> Iterator[tuple[Testbed, Node]]:
+    dir = Path(tempfile.mkdtemp(prefix="otel-dra-node-", dir="/tmp"))  # short: unix socket paths
+    try:
+        with running(dir, scheduler=True, controller_manager=True, binaries=node_support) as testbed:
+            node = start_node(testbed, "n1")
+            client = KubeClient(load_credentials(str(testbed.kubeconfig)))
+            create(client, driver_class(DRIVER))
+            yield testbed, node
+    finally:
+        shutil.rmtree(dir, ignore_errors=True)
+
+
+class HostPlugin:
+    """``otel-dra plugin`` as a process on the host, in the node's kubelet directories."""
+
+    def __init__(self, testbed: Testbed, node: Node, log: Path) -> None:
+        self.log = log
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable, "-m", "otel_dra", "plugin",
+                    f"--node-name={node.name}",
+                    f"--kubeconfig={testbed.kubeconfig}",
+                    f"--cdi-root={node.cdi_dir}",
+                    f"--kubelet-plugins-directory-path={node.plugins_dir}",
+                    f"--kubelet-registrar-directory-path={node.registry_dir}",
+                    "--num-devices=2",
+                ],
+                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )  # fmt: skip
+
+    def kill(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def host_plugin(node_testbed: tuple[Testbed, Node]) -> Iterator[list[HostPlugin]]:
+    """The plugins a test started (``_start_plugin``); each is stopped after the test."""
+    started: list[HostPlugin] = []
+    yield started
+    for plugin in started:
+        plugin.kill()
+
+
+# What the kubelet logs (-v=2, 1.34 to 1.37) once it has registered a DRA plugin and connected to it.
+_CONNECTED = re.compile(rf'"Connection changed" .*driverName="{re.escape(DRIVER)}" .*connected=true')
+
+
+def _kubelet_log_size(node: Node) -> int:
+    return node.kubelet_log.stat().st_size
+
+
+def _connected_since(node: Node, offset: int) -> bool:
+    with node.kubelet_log.open("rb") as log:
+        log.seek(offset)
+        return bool(_CONNECTED.search(log.read().decode(errors="replace")))
+
+
+def _node_slices(client: KubeClient, node: Node) -> list[dict[str, Any]]:
+    slices = client.get_json("/apis/resource.k8s.io/v1/resourceslices")["items"]
+    return [s for s in slices if s["spec"].get("nodeName") == node.name and s["spec"].get("driver") == DRIVER]
+
+
+def _start_plugin(testbed: Testbed, node: Node, plugins: list[HostPlugin], log: Path) -> HostPlugin:
+    """Start the plugin and wait until the kubelet has registered it and it has published."""
+    offset = _kubelet_log_size(node)
+    plugin = HostPlugin(testbed, node, log)
+    plugins.append(plugin)
+    client = KubeClient(load_credentials(str(testbed.kubeconfig)))
+
+    def registered() -> bool:
+        assert plugin.proc.poll() is None, log.read_text()
+        return _connected_since(node, offset) and bool(_node_slices(client, node))
+
+    wait_until(registered, timeout=60, what="the kubelet to register the plugin and the plugin to publish")
+    return plugin
+
+
+def _claim_pod(client: KubeClient, name: str) -> None:
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}},
+    }
+    create(client, template)
+    create(
+        client,
+        _pod(
+            name,
+            [_container("with-gpu", claims=("gpu",)), _container("without")],
+            resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": name}],
+        ),
+    )
+
+
+def _generated_claim(client: KubeClient, pod: str) -> dict[str, Any]:
+    status = client.get_json(f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}")["status"]
+    [entry] = status["resourceClaimStatuses"]
+    return client.get_json(
+        f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims/{entry['resourceClaimName']}"
+    )
+
+
+def _checkpoint_uids(node: Node) -> set[str]:
+    path = node.plugins_dir / DRIVER / "checkpoint.json"
+    return set(json.loads(path.read_text())["claims"]) if path.exists() else set()
+
+
+def _cdi_spec(node: Node, claim_uid: str) -> Path:
+    return node.cdi_dir / f"k8s.{DRIVER}-gpu_{claim_uid}.json"
+
+
+def _delete_and_check_unprepared(client: KubeClient, node: Node, pod: str, claim: dict[str, Any]) -> float:
+    uid, claim_name = claim["metadata"]["uid"], claim["metadata"]["name"]
+    started = time.monotonic()
+    client.send_json("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}", {})
+    # The kubelet lets a pod go only once NodeUnprepareResources succeeded for its claims.
+    wait_until(lambda: _phase(client, pod) == "Gone", timeout=90, what=f"pod {pod} deleted")
+    seconds = time.monotonic() - started
+    assert not _cdi_spec(node, uid).exists()
+    assert uid not in _checkpoint_uids(node)
+
+    def claim_gone() -> bool:
+        try:
+            client.get_json(f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims/{claim_name}")
+        except ApiError as err:
+            return err.status == 404
+        return False
+
+    wait_until(claim_gone, timeout=60, what=f"generated claim {claim_name} deleted")
+    return seconds
+
+
+def test_a_claim_pod_gets_exactly_its_devices_environment(
+    node_testbed: tuple[Testbed, Node], host_plugin: list[HostPlugin], tmp_path: Path
+) -> None:
+    testbed, node = node_testbed
+    client = KubeClient(load_credentials(str(testbed.kubeconfig)))
+    _start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log")
+    _claim_pod(client, "gpu-pod")
+    seconds = _wait_running(client, "gpu-pod", node)
+    claim = _generated_claim(client, "gpu-pod")
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    device = result["device"]
+    assert _cdi_spec(node, claim["metadata"]["uid"]).is_file()
+    assert claim["metadata"]["uid"] in _checkpoint_uids(node)
+    with_gpu, without = _container_env(node, "gpu-pod", "with-gpu"), _container_env(node, "gpu-pod", "without")
+    # The same pod, image and command: the only difference is what CDI injected for the claim.
+    assert without <= with_gpu
+    assert with_gpu - without == {
+        f"KUBERNETES_NODE_NAME={node.name}",
+        f"DRA_RESOURCE_DRIVER_NAME={DRIVER}",
+        f"GPU_DEVICE_{device.removeprefix('gpu-')}={device}",
+    }
+    unprepare = _delete_and_check_unprepared(client, node, "gpu-pod", claim)
+    print(f"\nclaim pod Running {seconds:.1f}s after creation, deleted and unprepared in {unprepare:.1f}s")
+
+
+def test_a_restarted_kubelet_registers_the_plugin_again(
+    node_testbed: tuple[Testbed, Node], host_plugin: list[HostPlugin], tmp_path: Path
+) -> None:
+    testbed, node = node_testbed
+    client = KubeClient(load_credentials(str(testbed.kubeconfig)))
+    _start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log")
+    offset = _kubelet_log_size(node)
+    started = time.monotonic()
+    restart_kubelet(testbed, node.name, progress=lambda _: None)
+    restarted = time.monotonic() - started
+    # Nothing restarts the plugin: the new kubelet finds its registration socket by itself.
+    wait_until(lambda: _connected_since(node, offset), timeout=60, what="the restarted kubelet to register the plugin")
+    registered = time.monotonic() - started
+    # A starting kubelet deletes its node's ResourceSlices (no driver is known to be there yet);
+    # the plugin publishes them again at its next reconcile (resync 30 s), and until then the
+    # scheduler has no device on the node for the claim.
+    wait_until(lambda: _node_slices(client, node), timeout=60, what="the plugin's ResourceSlices back")
+    slices_back = time.monotonic() - started
+    _claim_pod(client, "after-restart")
+    running_seconds = _wait_running(client, "after-restart", node)
+    unprepared = _delete_and_check_unprepared(client, node, "after-restart", _generated_claim(client, "after-restart"))
+    print(
+        f"\nkubelet restarted and Ready in {restarted:.1f}s, plugin registered again after {registered:.1f}s, "
+        f"its slices back after {slices_back:.1f}s; claim pod Running {running_seconds:.1f}s, "
+        f"unprepared {unprepared:.1f}s"
+    )
+
+
+def test_a_plugin_killed_between_prepare_and_deletion_loses_nothing(
+    node_testbed: tuple[Testbed, Node], host_plugin: list[HostPlugin], tmp_path: Path
+) -> None:
+    testbed, node = node_testbed
+    client = KubeClient(load_credentials(str(testbed.kubeconfig)))
+    first = _start_plugin(testbed, node, host_plugin, tmp_path / "plugin-1.log")
+    _claim_pod(client, "survivor")
+    _wait_running(client, "survivor", node)
+    claim = _generated_claim(client, "survivor")
+    first.kill(signal.SIGKILL)
+    assert _cdi_spec(node, claim["metadata"]["uid"]).is_file()  # prepared state outlives the process
+    started = time.monotonic()
+    _start_plugin(testbed, node, host_plugin, tmp_path / "plugin-2.log")
+    registered = time.monotonic() - started
+    unprepared = _delete_and_check_unprepared(client, node, "survivor", claim)
+    print(f"\nplugin killed; the new one registered in {registered:.1f}s, the pod unprepared in {unprepared:.1f}s")
