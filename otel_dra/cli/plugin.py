@@ -107,6 +107,11 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_plugin)
 
 
+def _recheck(publishers: list[Any]) -> None:
+    for publisher in publishers:
+        publisher.recheck_soon()
+
+
 @dataclass
 class PluginApp:
     """A running plugin (used by the CLI and by in-process tests)."""
@@ -239,12 +244,16 @@ def start_plugin(
             metrics=metrics,
             tracer_provider=tracing.tracer_provider,
         )
+        publishers: list[SlicePublisher] = []
         server = PluginServer(
             driver,
             tracing.tracer_provider,
             driver_name=driver_name,
             plugins_dir=plugins_dir,
             registrar_dir=registrar_dir,
+            # A kubelet that (re)registers the plugin may just have deleted the node's slices. A
+            # registration before the publisher exists needs nothing: its first reconcile is to come.
+            on_registered=lambda: _recheck(publishers),
         )
         server.start()
         started.append(server)
@@ -267,6 +276,7 @@ def start_plugin(
         )
         app.publisher = publisher
         publisher.start()
+        publishers.append(publisher)
         started.append(publisher)
         if healthcheck_port >= 0:
             app.health = HealthServer(server, healthcheck_port).start()

@@ -233,7 +233,11 @@ class PluginServer:
         plugins_dir: Path,
         registrar_dir: Path,
         max_workers: int = 8,
+        on_registered: Callable[[], None] | None = None,
     ) -> None:
+        """``on_registered`` is called (from a gRPC thread; must not block) each time the kubelet
+        confirms a registration: after a kubelet restart too."""
+        self.on_registered = on_registered
         self.driver = driver
         self.driver_name = driver_name
         self.plugin_dir = plugins_dir / driver_name
@@ -255,6 +259,11 @@ class PluginServer:
         if registered:
             log.info("registered with the kubelet as %s (%s)", self.driver_name, ", ".join(SUPPORTED_VERSIONS))
             self.registered.set()
+            if self.on_registered is not None:
+                try:
+                    self.on_registered()
+                except Exception:  # the kubelet's RPC must not fail for what we do with the news
+                    log.exception("handling the registration failed")
         else:
             log.error("the kubelet rejected the registration: %s", error or "(no reason given)")
             self.registered.clear()

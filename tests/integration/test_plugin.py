@@ -8,6 +8,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -532,3 +533,20 @@ def test_chart_role_is_enough(testbed, helm, dirs, kubelet, node, namespace, adm
     finally:
         app.stop(remove_slices=True)
     assert own_slices(admin_client, node) == []
+
+
+def test_slices_deleted_around_a_registration_come_back_before_the_resync(start, node, admin_client):
+    # A starting kubelet deletes its node's slices near the moment it registers the plugin; the
+    # plugin then checks again at once and a few times after (recheck_soon), not only at the resync.
+    app = start(node, resync=3600)
+    wait_until(lambda: own_slices(admin_client, node), what="first publish")
+    publishes = app.publisher.publishes
+    app.publisher.recheck_soon((0.0, 1.0, 2.0))
+    time.sleep(0.3)  # after the immediate check: only the later ones can bring them back
+    for s in own_slices(admin_client, node):
+        admin_client.request("DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{s['metadata']['name']}")
+    assert own_slices(admin_client, node) == []
+    started = time.monotonic()
+    wait_until(lambda: own_slices(admin_client, node), timeout=10, what="slices republished")
+    assert time.monotonic() - started < 3.0
+    assert app.publisher.publishes == publishes + 1
