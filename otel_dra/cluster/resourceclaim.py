@@ -6,89 +6,15 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from google.protobuf.message import DecodeError
-
-from otel_dra._generated.k8s import resource_pb2
 from otel_dra.cluster.families import Family, Sample, family
 from otel_dra.cluster.fields import condition_states, conditions, optional_time, parse_time, skipped_operations
-from otel_dra.kube import protobuf
 from otel_dra.kube.quantity import parse_quantity
 from otel_dra.kube.reflector import ResourceType
 
-
-def from_protobuf(data: bytes) -> dict[str, Any]:
-    """One ResourceClaim of a protobuf list, as the dict :func:`parse` reads: the fields of the
-    JSON object that the parser looks at (proto/otel_dra/_generated/k8s/resource.proto), the
-    rest (managedFields' field sets, selectors, configs, node selectors, device data) not decoded."""
-    try:
-        claim = resource_pb2.ResourceClaim.FromString(data)
-    except DecodeError as exc:
-        raise ValueError(f"malformed protobuf ResourceClaim: {exc}") from exc
-    out: dict[str, Any] = {"metadata": protobuf.detailed_meta(claim.metadata)}
-    if claim.spec.devices.requests:
-        out["spec"] = {"devices": {"requests": [_request_dict(r) for r in claim.spec.devices.requests]}}
-    if claim.HasField("status"):
-        out["status"] = _status_dict(claim.status)
-    return out
-
-
-def _request_dict(r: resource_pb2.DeviceRequest) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": r.name}
-    if r.HasField("exactly"):
-        out["exactly"] = {"deviceClassName": r.exactly.deviceClassName}
-    if r.firstAvailable:
-        out["firstAvailable"] = [{"name": s.name, "deviceClassName": s.deviceClassName} for s in r.firstAvailable]
-    return out
-
-
-def _status_dict(status: resource_pb2.ResourceClaimStatus) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if status.HasField("allocation"):
-        allocation: dict[str, Any] = {
-            "devices": {"results": [_result_dict(r) for r in status.allocation.devices.results]}
-        }
-        if status.allocation.HasField("allocationTimestamp"):
-            allocation["allocationTimestamp"] = protobuf.time_text(status.allocation.allocationTimestamp)
-        out["allocation"] = allocation
-    if status.reservedFor:
-        out["reservedFor"] = [
-            {"apiGroup": c.apiGroup, "resource": c.resource, "name": c.name, "uid": c.uid} for c in status.reservedFor
-        ]
-    if status.devices:
-        out["devices"] = [_device_status_dict(d) for d in status.devices]
-    return out
-
-
-def _result_dict(r: resource_pb2.DeviceRequestAllocationResult) -> dict[str, Any]:
-    out: dict[str, Any] = {"request": r.request, "driver": r.driver, "pool": r.pool, "device": r.device}
-    if r.HasField("adminAccess"):
-        out["adminAccess"] = r.adminAccess
-    if r.HasField("shareID"):
-        out["shareID"] = r.shareID
-    if r.bindingConditions:
-        out["bindingConditions"] = list(r.bindingConditions)
-    if r.bindingFailureConditions:
-        out["bindingFailureConditions"] = list(r.bindingFailureConditions)
-    if r.consumedCapacity:
-        out["consumedCapacity"] = {name: q.string for name, q in r.consumedCapacity.items()}
-    if r.skipNodeOperations:
-        out["skipNodeOperations"] = list(r.skipNodeOperations)
-    return out
-
-
-def _device_status_dict(d: resource_pb2.AllocatedDeviceStatus) -> dict[str, Any]:
-    out: dict[str, Any] = {"driver": d.driver, "pool": d.pool, "device": d.device}
-    if d.HasField("shareID"):
-        out["shareID"] = d.shareID
-    if d.conditions:
-        out["conditions"] = [
-            {"type": c.type, "status": c.status, "lastTransitionTime": protobuf.time_text(c.lastTransitionTime)}
-            for c in d.conditions
-        ]
-    return out
-
-
-RESOURCE = ResourceType("resourceclaims", "resource.k8s.io/v1", protobuf=from_protobuf)
+# Listed as JSON, not protobuf (as pods are): a claim is small (1.3 KB as listed), and building the
+# parser's dicts from protobuf messages cost more than json.loads (38.3 against 16.1 us per claim,
+# docs/benchmarks.md "Initial list as protobuf").
+RESOURCE = ResourceType("resourceclaims", "resource.k8s.io/v1")
 
 
 @dataclass(frozen=True, slots=True)

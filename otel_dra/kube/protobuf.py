@@ -14,7 +14,6 @@ encoded for the resource's own item decoder.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,7 +59,7 @@ def list_page(data: bytes) -> ListPage:
     return ListPage(meta.resourceVersion, getattr(meta, "continue"), page.items)
 
 
-def object_meta(meta: meta_pb2.ObjectMeta | meta_pb2.DetailedObjectMeta) -> dict[str, Any]:
+def object_meta(meta: meta_pb2.ObjectMeta) -> dict[str, Any]:
     """ObjectMeta as the JSON object has it (absent fields left out, as ``omitempty`` does)."""
     out: dict[str, Any] = {}
     if meta.HasField("name"):
@@ -71,41 +70,4 @@ def object_meta(meta: meta_pb2.ObjectMeta | meta_pb2.DetailedObjectMeta) -> dict
         out["uid"] = meta.uid
     if meta.HasField("resourceVersion"):
         out["resourceVersion"] = meta.resourceVersion
-    return out
-
-
-# Go's zero time.Time (0001-01-01T00:00:00Z): an unset non-pointer metav1.Time, null in JSON.
-_GO_ZERO_SECONDS = -62135596800
-
-
-def time_text(t: meta_pb2.Time) -> str | None:
-    """A metav1.Time as its JSON form (RFC 3339, seconds: JSON has no fractions), None when unset."""
-    if t.seconds == _GO_ZERO_SECONDS and not t.nanos:
-        return None
-    try:
-        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t.seconds))
-    except (OverflowError, OSError, ValueError):  # beyond what the platform's gmtime takes
-        return None
-
-
-def detailed_meta(meta: meta_pb2.DetailedObjectMeta) -> dict[str, Any]:
-    """DetailedObjectMeta as the JSON object has it: the identity, creationTimestamp, annotations
-    and the managedFields' times and subresources."""
-    out = object_meta(meta)
-    if meta.HasField("creationTimestamp"):
-        created = time_text(meta.creationTimestamp)
-        if created is not None:
-            out["creationTimestamp"] = created
-    if meta.annotations:
-        out["annotations"] = dict(meta.annotations)
-    if meta.managedFields:
-        entries = []
-        for entry in meta.managedFields:
-            item: dict[str, Any] = {}
-            if entry.HasField("time") and (at := time_text(entry.time)) is not None:
-                item["time"] = at
-            if entry.subresource:
-                item["subresource"] = entry.subresource
-            entries.append(item)
-        out["managedFields"] = entries
     return out

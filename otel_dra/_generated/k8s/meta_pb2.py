@@ -24,15 +24,13 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"otel_dra/_generated/k8s/meta.proto\x12\x11otel_dra.k8s.meta\"/\n\x07Unknown\x12\x0b\n\x03raw\x18\x02 \x01(\x0c\x12\x17\n\x0f\x63ontentEncoding\x18\x03 \x01(\t\"5\n\x08ListMeta\x12\x17\n\x0fresourceVersion\x18\x02 \x01(\t\x12\x10\n\x08\x63ontinue\x18\x03 \x01(\t\"D\n\x04List\x12-\n\x08metadata\x18\x01 \x01(\x0b\x32\x1b.otel_dra.k8s.meta.ListMeta\x12\r\n\x05items\x18\x02 \x03(\x0c\"S\n\nObjectMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x0b\n\x03uid\x18\x05 \x01(\t\x12\x17\n\x0fresourceVersion\x18\x06 \x01(\t\"\xce\x02\n\x12\x44\x65tailedObjectMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x0b\n\x03uid\x18\x05 \x01(\t\x12\x17\n\x0fresourceVersion\x18\x06 \x01(\t\x12\x32\n\x11\x63reationTimestamp\x18\x08 \x01(\x0b\x32\x17.otel_dra.k8s.meta.Time\x12K\n\x0b\x61nnotations\x18\x0c \x03(\x0b\x32\x36.otel_dra.k8s.meta.DetailedObjectMeta.AnnotationsEntry\x12<\n\rmanagedFields\x18\x11 \x03(\x0b\x32%.otel_dra.k8s.meta.ManagedFieldsEntry\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"P\n\x12ManagedFieldsEntry\x12%\n\x04time\x18\x04 \x01(\x0b\x32\x17.otel_dra.k8s.meta.Time\x12\x13\n\x0bsubresource\x18\x08 \x01(\t\"&\n\x04Time\x12\x0f\n\x07seconds\x18\x01 \x01(\x03\x12\r\n\x05nanos\x18\x02 \x01(\x05\"^\n\tCondition\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x33\n\x12lastTransitionTime\x18\x04 \x01(\x0b\x32\x17.otel_dra.k8s.meta.Time\"\x1a\n\x08Quantity\x12\x0e\n\x06string\x18\x01 \x01(\t')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"otel_dra/_generated/k8s/meta.proto\x12\x11otel_dra.k8s.meta\"/\n\x07Unknown\x12\x0b\n\x03raw\x18\x02 \x01(\x0c\x12\x17\n\x0f\x63ontentEncoding\x18\x03 \x01(\t\"5\n\x08ListMeta\x12\x17\n\x0fresourceVersion\x18\x02 \x01(\t\x12\x10\n\x08\x63ontinue\x18\x03 \x01(\t\"D\n\x04List\x12-\n\x08metadata\x18\x01 \x01(\x0b\x32\x1b.otel_dra.k8s.meta.ListMeta\x12\r\n\x05items\x18\x02 \x03(\x0c\"S\n\nObjectMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x0b\n\x03uid\x18\x05 \x01(\t\x12\x17\n\x0fresourceVersion\x18\x06 \x01(\t')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'otel_dra._generated.k8s.meta_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DETAILEDOBJECTMETA_ANNOTATIONSENTRY']._loaded_options = None
-  _globals['_DETAILEDOBJECTMETA_ANNOTATIONSENTRY']._serialized_options = b'8\001'
   _globals['_UNKNOWN']._serialized_start=57
   _globals['_UNKNOWN']._serialized_end=104
   _globals['_LISTMETA']._serialized_start=106
@@ -41,16 +39,4 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LIST']._serialized_end=229
   _globals['_OBJECTMETA']._serialized_start=231
   _globals['_OBJECTMETA']._serialized_end=314
-  _globals['_DETAILEDOBJECTMETA']._serialized_start=317
-  _globals['_DETAILEDOBJECTMETA']._serialized_end=651
-  _globals['_DETAILEDOBJECTMETA_ANNOTATIONSENTRY']._serialized_start=601
-  _globals['_DETAILEDOBJECTMETA_ANNOTATIONSENTRY']._serialized_end=651
-  _globals['_MANAGEDFIELDSENTRY']._serialized_start=653
-  _globals['_MANAGEDFIELDSENTRY']._serialized_end=733
-  _globals['_TIME']._serialized_start=735
-  _globals['_TIME']._serialized_end=773
-  _globals['_CONDITION']._serialized_start=775
-  _globals['_CONDITION']._serialized_end=869
-  _globals['_QUANTITY']._serialized_start=871
-  _globals['_QUANTITY']._serialized_end=897
 # @@protoc_insertion_point(module_scope)
