@@ -3,7 +3,9 @@
 The instruments are defined as data (``INSTRUMENTS``) so that docs/metrics.md can be checked
 against them. OTel names carry no unit suffix; the Prometheus reader appends ``_total`` to
 counters and ``_seconds`` for unit ``s`` (shared/reference/metrics.md §4), which gives exactly the
-upstream names. HELP texts start with ``[BETA] `` as upstream's do.
+upstream names. HELP texts are upstream's, with its stability prefix: ``[BETA] `` for the driver's
+families (dra-example-driver's pkg/metrics), ``[ALPHA] `` for ``rest_client_*`` (client-go's, as
+k8s.io/component-base/metrics/prometheus/restclient registers them).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ PREPARE_DURATION = Instrument(
     "histogram",
     "s",
     ("result",),
-    "[BETA] Duration in seconds of resource claim prepare operations handled by the driver.",
+    "[BETA] Latency in seconds of resource claim prepare operations handled by the driver.",
     CLAIM_DURATION_BUCKETS,
 )
 UNPREPARE_DURATION = Instrument(
@@ -64,7 +66,7 @@ UNPREPARE_DURATION = Instrument(
     "histogram",
     "s",
     ("result",),
-    "[BETA] Duration in seconds of resource claim unprepare operations handled by the driver.",
+    "[BETA] Latency in seconds of resource claim unprepare operations handled by the driver.",
     CLAIM_DURATION_BUCKETS,
 )
 FATAL_ERRORS = Instrument(
@@ -79,14 +81,14 @@ REST_REQUESTS = Instrument(
     "counter",
     "{request}",
     ("code", "host", "method"),
-    "[BETA] Number of HTTP requests, partitioned by status code, method, and host.",
+    "[ALPHA] Number of HTTP requests, partitioned by status code, method, and host.",
 )
 REST_DURATION = Instrument(
     "rest_client_request_duration",
     "histogram",
     "s",
     ("host", "verb"),
-    "[BETA] Request latency in seconds. Broken down by verb, and host.",
+    "[ALPHA] Request latency in seconds. Broken down by verb, and host.",
     REST_DURATION_BUCKETS,
 )
 REST_RETRIES = Instrument(
@@ -94,7 +96,7 @@ REST_RETRIES = Instrument(
     "counter",
     "{retry}",
     ("code", "host", "verb"),
-    "[BETA] Number of request retries, partitioned by status code, verb, and host.",
+    "[ALPHA] Number of request retries, partitioned by status code, verb, and host.",
 )
 
 INSTRUMENTS = (

@@ -418,7 +418,13 @@ def test_metrics_exposition_matches_upstream_names():
     assert all("otel_scope" not in line for line in text.splitlines())
     for line in text.splitlines():
         if line.startswith("# HELP "):
-            assert line.split(" ", 3)[3].startswith("[BETA] "), line
+            _, _, name, help_text = line.split(" ", 3)
+            # Upstream's stability levels: the driver's families BETA, client-go's rest_client ALPHA.
+            assert help_text.startswith("[ALPHA] " if name.startswith("rest_client_") else "[BETA] "), line
+    assert (
+        "# HELP dra_example_driver_prepare_claim_duration_seconds [BETA] Latency in seconds of resource claim "
+        "prepare operations handled by the driver."
+    ) in text
     if shutil.which("promtool"):
         check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
         assert check.returncode == 0, check.stdout + check.stderr
