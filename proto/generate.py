@@ -8,6 +8,7 @@ package ``__init__.py`` files are handwritten and not touched.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -23,17 +24,17 @@ def generate(out: Path) -> None:
     from grpc_tools import protoc
 
     out.mkdir(parents=True, exist_ok=True)
-    args = [
-        "grpc_tools.protoc",
-        f"-I{PROTO_ROOT}",
-        f"--python_out={out}",
-        f"--grpc_python_out={out}",
-        f"--pyi_out={out}",
-        *proto_files(),
-    ]
-    code = protoc.main(args)
-    if code != 0:
-        raise SystemExit(f"protoc failed with exit code {code}")
+    files = proto_files()
+    # gRPC stubs only for the files that define a service: for the others (the trimmed Kubernetes
+    # messages) protoc would write a _pb2_grpc.py with nothing in it.
+    with_services = [f for f in files if re.search(r"^service ", (PROTO_ROOT / f).read_text(), re.M)]
+    for outputs, selected in (
+        ([f"--python_out={out}", f"--pyi_out={out}"], files),
+        ([f"--grpc_python_out={out}"], with_services),
+    ):
+        code = protoc.main(["grpc_tools.protoc", f"-I{PROTO_ROOT}", *outputs, *selected])
+        if code != 0:
+            raise SystemExit(f"protoc failed with exit code {code}")
 
 
 def main() -> None:
