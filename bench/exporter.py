@@ -92,6 +92,21 @@ def proc_status(pid: int) -> dict[str, int]:
     return out
 
 
+def curl_scrape(port: int, timeout: float, headers: Sequence[str] = ()) -> tuple[int, float]:
+    """One scrape of /metrics by curl (a new connection, timed to the last byte): (HTTP code,
+    seconds); (0, timeout) when curl got no answer in ``timeout`` seconds."""
+    out = subprocess.run(
+        [
+            *("curl", "-s", "-o", "/dev/null", "--max-time", f"{timeout:g}", "-w", "%{http_code} %{time_total}"),
+            *headers,
+            f"http://127.0.0.1:{port}/metrics",
+        ],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    return (int(out[0]), float(out[1])) if len(out) == 2 else (0, timeout)
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.exporter import Exporter, get, machine, percentile
+from bench.exporter import Exporter, curl_scrape, get, machine, percentile
 from bench.scale import exporter_pythonpath
 from bench.workload import Workload, load
 from otel_dra.kube.client import KubeClient, load_credentials
@@ -142,21 +142,8 @@ def run_load(port: int, slow: int, heavy: int) -> int:
 NORMAL_HEADERS: list[str] = []
 
 
-def curl_scrape(port: int) -> tuple[int, float]:
-    out = subprocess.run(
-        [
-            *("curl", "-s", "-o", "/dev/null", "--max-time", "30", "-w", "%{http_code} %{time_total}"),
-            *NORMAL_HEADERS,
-            f"http://127.0.0.1:{port}/metrics",
-        ],
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    return (int(out[0]), float(out[1])) if len(out) == 2 else (0, 30.0)
-
-
 def scrape_series(port: int, count: int) -> dict[str, Any]:
-    results = [curl_scrape(port) for _ in range(count)]
+    results = [curl_scrape(port, 30.0, NORMAL_HEADERS) for _ in range(count)]
     times = [t for code, t in results if code == 200]
     return {
         "n": count,
@@ -219,7 +206,7 @@ def under_load(ex: Exporter, args: argparse.Namespace, slow: int, heavy: int) ->
 def measure(ex: Exporter, args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"initial_sync_seconds": round(ex.wait_ready(timeout=600), 2)}
     for _ in range(3):
-        curl_scrape(ex.port)  # warm-up
+        curl_scrape(ex.port, 30.0, NORMAL_HEADERS)  # warm-up
     result["quiet"] = scrape_series(ex.port, args.scrapes)
     result["quiet_process"] = proc(ex.proc.pid)
     quiet = result["quiet"]["p50_ms"]

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.exporter import Exporter, free_port, get, machine, percentile
+from bench.exporter import Exporter, curl_scrape, free_port, get, machine, percentile
 from bench.scale import exporter_pythonpath
 from bench.workload import Workload, load
 from otel_dra.kube.client import KubeClient, load_credentials
@@ -199,18 +199,6 @@ class PushLog:
         self._file.close()
 
 
-def curl_scrape(port: int) -> tuple[int, float]:
-    out = subprocess.run(
-        [
-            *("curl", "-s", "-o", "/dev/null", "--max-time", "60", "-w", "%{http_code} %{time_total}"),
-            f"http://127.0.0.1:{port}/metrics",
-        ],
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    return (int(out[0]), float(out[1])) if len(out) == 2 else (0, 60.0)
-
-
 def self_metrics(body: bytes) -> dict[str, float]:
     """From a /metrics body: claim watch events by type, and the OTLP collection count, sum and CPU."""
     out: dict[str, float] = {}
@@ -307,7 +295,7 @@ def soak(
                     stats.append({"t": round(time.monotonic() - t0, 2), **self_metrics(body), **watches_ended(admin)})
                 del body
                 next_stats += args.stats_seconds
-            code, seconds = curl_scrape(ex.port)
+            code, seconds = curl_scrape(ex.port, 60.0)
             scrapes.append({"t": round(now, 2), "code": code, "s": seconds})
             k += 1
             if k % 12 == 0:
