@@ -8,7 +8,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -284,3 +284,21 @@ subjects:
     testbed.kubectl("apply", "-f", "-", input=manifest)
     token = testbed.mint_token(namespace, name)
     return str(testbed.write_kubeconfig(testbed.dir / f"{name}.kubeconfig", token))
+
+
+def exporter_starter(**defaults: Any) -> Iterator[Callable[..., Any]]:
+    """For a fixture: ``start(kubeconfig, **options)`` runs an in-process exporter (on a free
+    loopback port, ``defaults`` under the options) and every one started is stopped afterwards."""
+    from otel_dra.cli.exporter import ExporterApp, start_exporter
+
+    apps: list[ExporterApp] = []
+
+    def start(kubeconfig: str, **kwargs: Any) -> ExporterApp:
+        kwargs = {"address": "127.0.0.1", "port": 0, **defaults, **kwargs}
+        app = start_exporter(kubeconfig=kubeconfig, **kwargs)
+        apps.append(app)
+        return app
+
+    yield start
+    for app in apps:
+        app.stop()

@@ -30,7 +30,7 @@ import yaml
 
 from otel_dra.kube.client import KubeClient, load_credentials
 from otel_dra.testbed import Binaries, Testbed, running
-from tests.helpers import parse_samples, rbac_kubeconfig, scrape
+from tests.helpers import exporter_starter, parse_samples, rbac_kubeconfig, scrape
 
 NAMESPACE = "faults"  # the ServiceAccounts of the suite's exporters (audited)
 
@@ -302,18 +302,4 @@ def proxy(fault_testbed: FaultTestbed) -> Iterator[Any]:
 def exporters() -> Iterator[Any]:
     """``exporters(kubeconfig, **options)``: in-process exporters on free loopback ports (pods not
     watched: the suite's ServiceAccounts may list only the DRA resources), stopped after the test."""
-    from otel_dra.cli.exporter import ExporterApp, start_exporter
-
-    apps: list[ExporterApp] = []
-
-    def start(kubeconfig: str, **kwargs: Any) -> ExporterApp:
-        kwargs.setdefault("address", "127.0.0.1")
-        kwargs.setdefault("port", 0)
-        kwargs.setdefault("watch_pods", False)
-        app = start_exporter(kubeconfig=kubeconfig, **kwargs)
-        apps.append(app)
-        return app
-
-    yield start
-    for app in apps:
-        app.stop()
+    yield from exporter_starter(watch_pods=False)

@@ -68,6 +68,13 @@ def _resource(uri: str) -> str:
     return uri.split("?")[0].rsplit("/", 1)[-1]
 
 
+def _claim_names(series: Any, namespace: str) -> set[str | None]:
+    """The resourceclaim_name labels of the series in ``namespace``."""
+    return {
+        dict(labels).get("resourceclaim_name") for _, labels, _ in series if dict(labels).get("namespace") == namespace
+    }
+
+
 # --- kube-apiserver killed and restarted ------------------------------------------------------------------
 
 
@@ -116,11 +123,7 @@ def test_apiserver_killed_and_restarted(world, exporters):
     wait_until(lambda: _same_as_fresh(app, fresh), timeout=30, what="the series of a fresh exporter")
     series = state_series(app.port)
     assert not _duplicates(series)
-    names = {
-        dict(labels).get("resourceclaim_name")
-        for _, labels, _ in series
-        if dict(labels).get("namespace") == "faults-outage"
-    }
+    names = _claim_names(series, "faults-outage")
     assert names == {"c1", "c2", "after-restart"}
 
 
@@ -175,11 +178,7 @@ def test_watch_resumes_after_etcd_compaction_with_one_relist(world, exporters, p
     wait_until(lambda: _same_as_fresh(app, fresh), timeout=30, what="the series of a fresh exporter")
     series = state_series(app.port)
     assert not _duplicates(series)
-    names = {
-        dict(labels).get("resourceclaim_name")
-        for _, labels, _ in series
-        if dict(labels).get("namespace") == "faults-resume"
-    }
+    names = _claim_names(series, "faults-resume")
     assert names == {"c2", "c3", "n0", "n1"}
     for r in WATCHED:
         assert sample_value(app.port, "otel_dra_relists_total", resource=r, reason="expired") == 1
