@@ -276,6 +276,11 @@ class Limits:
       (``backlog``) until one closes.
     - ``max_workers``: requests served at once (worker threads, started as needed); further complete
       requests wait in line for a worker.
+    - ``max_requests_per_client``: requests from one client address served at once; its further
+      complete requests wait, in order, until one of its own is done. One client that opens many
+      connections (a runaway script, a misconfigured scraper) then shares the CPU with the others
+      as if it had only this many, instead of taking a share per connection: a full /metrics of a
+      large cluster is tens of MB, and the copies are what the CPU spends most on.
     - ``header_timeout``: seconds from a request's first byte (a new connection's accept) to the end
       of its headers; a client that has not sent them by then is answered 408 and closed (slowloris).
     - ``idle_timeout``: seconds a keep-alive connection may wait for its next request.
@@ -286,6 +291,7 @@ class Limits:
 
     max_connections: int = 1024
     max_workers: int = 32
+    max_requests_per_client: int = 4
     header_timeout: float = 10.0
     idle_timeout: float = 120.0
     write_timeout: float = 60.0
@@ -301,6 +307,12 @@ _SWEEP = 0.25
 _WORKER_IDLE = 30.0
 
 _TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+
+
+def _client(conn: _Conn) -> str:
+    """The client's address without its port (an IPv4 or IPv6 address tuple's first member)."""
+    address = conn.address
+    return str(address[0]) if isinstance(address, tuple) and address else str(address)
 
 
 def _timeval(seconds: float) -> bytes:
@@ -361,6 +373,11 @@ class _Server:
         self._idle_workers = 0
         self._started = 0  # worker threads started so far (their names)
         self._workers_lock = threading.Lock()
+        # Per client address (selector thread only): requests with a worker, and those waiting for
+        # the client's own earlier ones (max_requests_per_client).
+        self._in_flight: dict[str, int] = {}
+        self._parked: dict[str, collections.deque[tuple[_Conn, bytes, int]]] = {}
+        self.parked = 0  # requests that waited for their client's earlier ones, in total
         self._accepting = False
         self._stopping = False
         self.timeouts = 0  # connections closed at a deadline (headers, idle, handshake)
@@ -384,7 +401,9 @@ class _Server:
                     else:
                         self._on_readable(key.data)
                 while self._returned:
-                    self._take_back(*self._returned.popleft())
+                    conn, keep = self._returned.popleft()
+                    self._finished(conn)
+                    self._take_back(conn, keep)
                 now = time.monotonic()
                 if now >= next_sweep:
                     next_sweep = now + _SWEEP
@@ -392,6 +411,10 @@ class _Server:
         finally:
             for conn in [c for c in self._connections.values() if c.events]:
                 self._close(conn)
+            for waiting in self._parked.values():
+                for conn, _, _ in waiting:
+                    self._close(conn)
+            self._parked.clear()
             with contextlib.suppress(KeyError, ValueError):
                 sel.unregister(self.socket)
             self.socket.close()
@@ -533,6 +556,31 @@ class _Server:
 
     def _dispatch(self, conn: _Conn, head: bytes, error: int) -> None:
         self._unwatch(conn)
+        client = _client(conn)
+        running = self._in_flight.get(client, 0)
+        if running >= self.limits.max_requests_per_client:
+            self._parked.setdefault(client, collections.deque()).append((conn, head, error))
+            self.parked += 1
+            return
+        self._in_flight[client] = running + 1
+        self._to_worker(conn, head, error)
+
+    def _finished(self, conn: _Conn) -> None:
+        """A worker is done with ``conn``'s request: its client's next waiting request may go."""
+        client = _client(conn)
+        waiting = self._parked.get(client)
+        if waiting:
+            self._to_worker(*waiting.popleft())  # the client's count stays: one ended, one starts
+            if not waiting:
+                del self._parked[client]
+            return
+        running = self._in_flight.get(client, 0) - 1
+        if running > 0:
+            self._in_flight[client] = running
+        else:
+            self._in_flight.pop(client, None)
+
+    def _to_worker(self, conn: _Conn, head: bytes, error: int) -> None:
         with self._workers_lock:
             if self._idle_workers <= 0 and len(self._workers) < self.limits.max_workers:
                 self._started += 1
