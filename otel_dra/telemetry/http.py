@@ -17,6 +17,7 @@ import contextlib
 import io
 import logging
 import queue
+import re
 import selectors
 import socket
 import ssl
@@ -276,8 +277,8 @@ class Limits:
       (``backlog``) until one closes.
     - ``max_workers``: requests served at once (worker threads, started as needed); further complete
       requests wait in line for a worker.
-    - ``max_requests_per_client``: requests from one client address served at once; its further
-      complete requests wait, in order, until one of its own is done. One client that opens many
+    - ``max_requests_per_client``: ``/metrics`` requests from one client address served at once;
+      its further ones wait, in order, until one of its own is done (probes are never held). One client that opens many
       connections (a runaway script, a misconfigured scraper) then shares the CPU with the others
       as if it had only this many, instead of taking a share per connection: a full /metrics of a
       large cluster is tens of MB, and the copies are what the CPU spends most on.
@@ -309,6 +310,10 @@ _WORKER_IDLE = 30.0
 _TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
 
+# A request for /metrics (with or without a query), whatever the method: HEAD costs the same render.
+_METRICS_REQUEST = re.compile(rb"[A-Z]+ /metrics(?:[?# ]|\r?\n)")
+
+
 def _client(conn: _Conn) -> str:
     """The client's address without its port (an IPv4 or IPv6 address tuple's first member)."""
     address = conn.address
@@ -324,7 +329,7 @@ class _Conn:
     """An open connection, owned by the selector thread while it waits for a request and by one
     worker while that request is served."""
 
-    __slots__ = ("address", "buf", "deadline", "events", "handshaking", "reading", "sock")
+    __slots__ = ("address", "buf", "counted", "deadline", "events", "handshaking", "reading", "sock")
 
     def __init__(self, sock: socket.socket, address: object, deadline: float, handshaking: bool) -> None:
         self.sock = sock
@@ -334,6 +339,7 @@ class _Conn:
         self.handshaking = handshaking
         self.reading = False  # part of a request received: the header deadline runs
         self.events = 0
+        self.counted = False  # its request counts against max_requests_per_client
 
 
 class _Server:
@@ -556,6 +562,12 @@ class _Server:
 
     def _dispatch(self, conn: _Conn, head: bytes, error: int) -> None:
         self._unwatch(conn)
+        if error or not _METRICS_REQUEST.match(head):
+            # Only scrapes are limited per client: a probe of /healthz or /readyz (the kubelet's,
+            # from the node's address) must not wait behind a long scrape from the same address.
+            self._to_worker(conn, head, error)
+            return
+        conn.counted = True
         client = _client(conn)
         running = self._in_flight.get(client, 0)
         if running >= self.limits.max_requests_per_client:
@@ -567,6 +579,9 @@ class _Server:
 
     def _finished(self, conn: _Conn) -> None:
         """A worker is done with ``conn``'s request: its client's next waiting request may go."""
+        if not conn.counted:
+            return
+        conn.counted = False
         client = _client(conn)
         waiting = self._parked.get(client)
         if waiting:

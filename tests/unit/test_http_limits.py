@@ -266,6 +266,10 @@ def test_one_client_address_gets_at_most_its_share_of_the_workers():
             c.start()
         wait_until(lambda: srv._server.parked == 4)
         assert in_flight[0] == 2
+        # Probes are not held: the kubelet's come from the node's address, which may also scrape.
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=5, source_address=("127.0.0.2", 0)) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert status(read_all(sock)) == 200
         other.start()
         wait_until(lambda: in_flight[0] == 3)  # not parked behind 127.0.0.2's four
         gate.set()
