@@ -72,9 +72,9 @@ def add_web_flags(parser: argparse.ArgumentParser) -> None:
         parser,
         "--web-max-requests-per-client",
         "OTEL_DRA_WEB_MAX_REQUESTS_PER_CLIENT",
-        "requests from one client address served at once; its further requests wait for its own "
-        "earlier ones (so one client with many connections cannot crowd out the others)",
-        default=4,
+        "/metrics requests from one client address served at once (probes are never held); its further "
+        "scrapes wait for its own earlier ones (so one client with many connections cannot crowd out the others)",
+        default=1,
         type=int_in(1, 1024),
     )
     add_flag(

@@ -292,7 +292,7 @@ class Limits:
 
     max_connections: int = 1024
     max_workers: int = 32
-    max_requests_per_client: int = 4
+    max_requests_per_client: int = 1
     header_timeout: float = 10.0
     idle_timeout: float = 120.0
     write_timeout: float = 60.0

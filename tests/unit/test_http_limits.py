@@ -358,7 +358,7 @@ def test_limits_flags_and_environment(monkeypatch):
     limits = web_options(args).limits
     assert (limits.max_connections, limits.max_workers, limits.header_timeout) == (100, 8, 5.0)
     assert limits.max_requests_per_client == 2
-    assert web_options(build_parser().parse_args(["exporter"])).limits.max_requests_per_client == 4
+    assert web_options(build_parser().parse_args(["exporter"])).limits.max_requests_per_client == 1
     assert (limits.idle_timeout, limits.write_timeout) == (Limits().idle_timeout, Limits().write_timeout)
     monkeypatch.setenv("OTEL_DRA_WEB_IDLE_TIMEOUT", "30")
     assert web_options(build_parser().parse_args(["plugin", "--node-name", "n"])).limits.idle_timeout == 30.0
