@@ -14,6 +14,12 @@ On a fresh testbed loaded with bench/workload.py, `otel-dra exporter` as its own
 3. after: the load stopped, the exporter's threads and RSS, whether it is alive (/healthz), and the
    quiet scrapes again.
 
+The heavy clients connect from their own loopback address (``--heavy-from one``: all from
+127.0.0.2, one runaway client with many connections; ``each``: 127.0.1.1, 127.0.1.2, ...: as many
+clients as connections), the normal scrapes from 127.0.0.1, so that the server's per-client limit
+(``--web-max-requests-per-client``) applies to them as it would to real clients. ``--per-client
+4,1024`` runs the exporter once per value (1024: no limit in effect), on the same testbed.
+
 ``--before DIR`` runs the same phases, on the same testbed, against the exporter of another source
 tree (e.g. ``git archive main | tar -x -C DIR``): the server before the limits.
 """
@@ -95,12 +101,12 @@ def _slowloris(port: int, count: int, stop: threading.Event, stats: dict[str, in
         sock.close()
 
 
-def _heavy(port: int, stop: threading.Event, stats: dict[str, int], lock: threading.Lock) -> None:
-    """Full scrapes back to back, one connection each, the body read and dropped."""
+def _heavy(port: int, source: str, stop: threading.Event, stats: dict[str, int], lock: threading.Lock) -> None:
+    """Full scrapes back to back from ``source``, one connection each, the body read and dropped."""
     buf = bytearray(1 << 20)
     while not stop.is_set():
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+            with socket.create_connection(("127.0.0.1", port), timeout=60, source_address=(source, 0)) as sock:
                 sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
                 first = b""
                 size = 0
@@ -116,7 +122,12 @@ def _heavy(port: int, stop: threading.Event, stats: dict[str, int], lock: thread
             stats["heavy_bytes"] += size
 
 
-def run_load(port: int, slow: int, heavy: int) -> int:
+def heavy_source(heavy_from: str, i: int) -> str:
+    """The loopback address heavy client ``i`` connects from (the normal scrapes use 127.0.0.1)."""
+    return "127.0.0.2" if heavy_from == "one" else f"127.0.{1 + i // 250}.{1 + i % 250}"
+
+
+def run_load(port: int, slow: int, heavy: int, heavy_from: str) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     stats = dict.fromkeys(
@@ -124,7 +135,10 @@ def run_load(port: int, slow: int, heavy: int) -> int:
     )
     lock = threading.Lock()
     threads = [threading.Thread(target=_slowloris, args=(port, slow, stop, stats))]
-    threads += [threading.Thread(target=_heavy, args=(port, stop, stats, lock)) for _ in range(heavy)]
+    threads += [
+        threading.Thread(target=_heavy, args=(port, heavy_source(heavy_from, i), stop, stats, lock))
+        for i in range(heavy)
+    ]
     for t in threads:
         t.start()
     print("started", flush=True)
@@ -169,7 +183,7 @@ def under_load(ex: Exporter, args: argparse.Namespace, slow: int, heavy: int) ->
     loader = subprocess.Popen(
         [
             *(sys.executable, "-m", "bench.hostile", "--load", str(ex.port)),
-            *("--slow", str(slow), "--heavy", str(heavy)),
+            *("--slow", str(slow), "--heavy", str(heavy), "--heavy-from", args.heavy_from),
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -232,6 +246,12 @@ def main() -> int:
     parser.add_argument("--pods", action="store_true", help="with one Pod per claim (slower to load)")
     parser.add_argument("--slow", type=int, default=500, help="slowloris connections")
     parser.add_argument("--heavy", type=int, default=20, help="concurrent full-scrape clients")
+    parser.add_argument("--heavy-from", choices=("one", "each"), default="one", help="heavy clients' addresses")
+    parser.add_argument(
+        "--per-client",
+        default="4",
+        help="comma-separated --web-max-requests-per-client values, one exporter run each",
+    )
     parser.add_argument("--scrapes", type=int, default=30, help="normal scrapes per phase")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds of load before measuring")
     parser.add_argument("--gzip", action="store_true", help="normal scrapes ask for gzip (as Prometheus does)")
@@ -241,14 +261,17 @@ def main() -> int:
     parser.add_argument("--load", type=int, default=None, help=argparse.SUPPRESS)  # the load process
     args = parser.parse_args()
     if args.load is not None:
-        return run_load(args.load, args.slow, args.heavy)
+        return run_load(args.load, args.slow, args.heavy, args.heavy_from)
     if args.gzip:
         NORMAL_HEADERS.extend(["-H", "Accept-Encoding: gzip"])
     results: dict[str, Any] = {"machine": machine(), "date": time.strftime("%Y-%m-%d")}
     results["args"] = {k: str(v) for k, v in vars(args).items() if k != "load"}
-    variants = [("after", {"PYTHONPATH": exporter_pythonpath(Path(__file__).resolve().parents[1])})]
+    here = {"PYTHONPATH": exporter_pythonpath(Path(__file__).resolve().parents[1])}
+    variants: list[tuple[str, dict[str, str], list[str]]] = [
+        (f"per-client-{n}", here, ["--web-max-requests-per-client", n]) for n in args.per_client.split(",")
+    ]
     if args.before is not None:
-        variants.append(("before", {"PYTHONPATH": exporter_pythonpath(args.before.resolve())}))
+        variants.append(("before", {"PYTHONPATH": exporter_pythonpath(args.before.resolve())}, []))
         if args.before_first:
             variants.reverse()
     w = Workload(claims=args.claims, pods=args.pods)
@@ -258,8 +281,8 @@ def main() -> int:
     ):
         admin = KubeClient(load_credentials(str(tb.kubeconfig)), max_connections=32)
         results["load_seconds"] = round(load(admin, w), 1)
-        for name, env in variants:
-            ex = Exporter(str(tb.kubeconfig), Path(tmp) / f"exporter-{name}.log", env=env)
+        for name, env, extra in variants:
+            ex = Exporter(str(tb.kubeconfig), Path(tmp) / f"exporter-{name}.log", env=env, extra_args=extra)
             try:
                 results[name] = measure(ex, args)
             finally:

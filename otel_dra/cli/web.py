@@ -70,6 +70,15 @@ def add_web_flags(parser: argparse.ArgumentParser) -> None:
     )
     add_flag(
         parser,
+        "--web-max-requests-per-client",
+        "OTEL_DRA_WEB_MAX_REQUESTS_PER_CLIENT",
+        "/metrics requests from one client address served at once (probes are never held); its further "
+        "scrapes wait for its own earlier ones (so one client with many connections cannot crowd out the others)",
+        default=1,
+        type=int_in(1, 1024),
+    )
+    add_flag(
+        parser,
         "--web-header-timeout",
         "OTEL_DRA_WEB_HEADER_TIMEOUT",
         "seconds a client may take to send a request's line and headers (from its first byte, or the "
@@ -125,6 +134,7 @@ def web_options(args: argparse.Namespace) -> WebOptions:
     limits = Limits(
         max_connections=args.web_max_connections,
         max_workers=args.web_max_requests,
+        max_requests_per_client=args.web_max_requests_per_client,
         header_timeout=args.web_header_timeout,
         idle_timeout=args.web_idle_timeout,
         write_timeout=args.web_write_timeout,

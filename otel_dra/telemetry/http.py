@@ -17,6 +17,7 @@ import contextlib
 import io
 import logging
 import queue
+import re
 import selectors
 import socket
 import ssl
@@ -276,6 +277,11 @@ class Limits:
       (``backlog``) until one closes.
     - ``max_workers``: requests served at once (worker threads, started as needed); further complete
       requests wait in line for a worker.
+    - ``max_requests_per_client``: ``/metrics`` requests from one client address served at once;
+      its further ones wait, in order, until one of its own is done (probes are never held). One client that opens many
+      connections (a runaway script, a misconfigured scraper) then shares the CPU with the others
+      as if it had only this many, instead of taking a share per connection: a full /metrics of a
+      large cluster is tens of MB, and the copies are what the CPU spends most on.
     - ``header_timeout``: seconds from a request's first byte (a new connection's accept) to the end
       of its headers; a client that has not sent them by then is answered 408 and closed (slowloris).
     - ``idle_timeout``: seconds a keep-alive connection may wait for its next request.
@@ -286,6 +292,7 @@ class Limits:
 
     max_connections: int = 1024
     max_workers: int = 32
+    max_requests_per_client: int = 1
     header_timeout: float = 10.0
     idle_timeout: float = 120.0
     write_timeout: float = 60.0
@@ -303,6 +310,16 @@ _WORKER_IDLE = 30.0
 _TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
 
+# A request for /metrics (with or without a query), whatever the method: HEAD costs the same render.
+_METRICS_REQUEST = re.compile(rb"[A-Z]+ /metrics(?:[?# ]|\r?\n)")
+
+
+def _client(conn: _Conn) -> str:
+    """The client's address without its port (an IPv4 or IPv6 address tuple's first member)."""
+    address = conn.address
+    return str(address[0]) if isinstance(address, tuple) and address else str(address)
+
+
 def _timeval(seconds: float) -> bytes:
     whole = int(seconds)
     return struct.pack("ll", whole, int((seconds - whole) * 1e6))
@@ -312,7 +329,7 @@ class _Conn:
     """An open connection, owned by the selector thread while it waits for a request and by one
     worker while that request is served."""
 
-    __slots__ = ("address", "buf", "deadline", "events", "handshaking", "reading", "sock")
+    __slots__ = ("address", "buf", "counted", "deadline", "events", "handshaking", "reading", "sock")
 
     def __init__(self, sock: socket.socket, address: object, deadline: float, handshaking: bool) -> None:
         self.sock = sock
@@ -322,6 +339,7 @@ class _Conn:
         self.handshaking = handshaking
         self.reading = False  # part of a request received: the header deadline runs
         self.events = 0
+        self.counted = False  # its request counts against max_requests_per_client
 
 
 class _Server:
@@ -361,6 +379,11 @@ class _Server:
         self._idle_workers = 0
         self._started = 0  # worker threads started so far (their names)
         self._workers_lock = threading.Lock()
+        # Per client address (selector thread only): requests with a worker, and those waiting for
+        # the client's own earlier ones (max_requests_per_client).
+        self._in_flight: dict[str, int] = {}
+        self._parked: dict[str, collections.deque[tuple[_Conn, bytes, int]]] = {}
+        self.parked = 0  # requests that waited for their client's earlier ones, in total
         self._accepting = False
         self._stopping = False
         self.timeouts = 0  # connections closed at a deadline (headers, idle, handshake)
@@ -384,7 +407,9 @@ class _Server:
                     else:
                         self._on_readable(key.data)
                 while self._returned:
-                    self._take_back(*self._returned.popleft())
+                    conn, keep = self._returned.popleft()
+                    self._finished(conn)
+                    self._take_back(conn, keep)
                 now = time.monotonic()
                 if now >= next_sweep:
                     next_sweep = now + _SWEEP
@@ -392,6 +417,10 @@ class _Server:
         finally:
             for conn in [c for c in self._connections.values() if c.events]:
                 self._close(conn)
+            for waiting in self._parked.values():
+                for conn, _, _ in waiting:
+                    self._close(conn)
+            self._parked.clear()
             with contextlib.suppress(KeyError, ValueError):
                 sel.unregister(self.socket)
             self.socket.close()
@@ -533,6 +562,40 @@ class _Server:
 
     def _dispatch(self, conn: _Conn, head: bytes, error: int) -> None:
         self._unwatch(conn)
+        if error or not _METRICS_REQUEST.match(head):
+            # Only scrapes are limited per client: a probe of /healthz or /readyz (the kubelet's,
+            # from the node's address) must not wait behind a long scrape from the same address.
+            self._to_worker(conn, head, error)
+            return
+        conn.counted = True
+        client = _client(conn)
+        running = self._in_flight.get(client, 0)
+        if running >= self.limits.max_requests_per_client:
+            self._parked.setdefault(client, collections.deque()).append((conn, head, error))
+            self.parked += 1
+            return
+        self._in_flight[client] = running + 1
+        self._to_worker(conn, head, error)
+
+    def _finished(self, conn: _Conn) -> None:
+        """A worker is done with ``conn``'s request: its client's next waiting request may go."""
+        if not conn.counted:
+            return
+        conn.counted = False
+        client = _client(conn)
+        waiting = self._parked.get(client)
+        if waiting:
+            self._to_worker(*waiting.popleft())  # the client's count stays: one ended, one starts
+            if not waiting:
+                del self._parked[client]
+            return
+        running = self._in_flight.get(client, 0) - 1
+        if running > 0:
+            self._in_flight[client] = running
+        else:
+            self._in_flight.pop(client, None)
+
+    def _to_worker(self, conn: _Conn, head: bytes, error: int) -> None:
         with self._workers_lock:
             if self._idle_workers <= 0 and len(self._workers) < self.limits.max_workers:
                 self._started += 1

@@ -209,7 +209,7 @@ def test_requests_served_at_once_are_bounded_by_the_workers(monkeypatch):
             in_flight[0] -= 1
         return [BODY]
 
-    srv = serve(Limits(max_workers=4), scrape)
+    srv = serve(Limits(max_workers=4, max_requests_per_client=100), scrape)
     results: list[int] = []
 
     def client():
@@ -234,6 +234,79 @@ def test_requests_served_at_once_are_bounded_by_the_workers(monkeypatch):
     finally:
         gate.set()
         srv.stop()
+
+
+def test_one_client_address_gets_at_most_its_share_of_the_workers():
+    """Six requests at once from 127.0.0.2: two are served, four wait for them, and a request from
+    another address (127.0.0.3, still loopback) is served at once instead of behind them."""
+    gate, in_flight, most = threading.Event(), [0], [0]
+    lock = threading.Lock()
+
+    def scrape(openmetrics, gzipped):
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        gate.wait(10)
+        with lock:
+            in_flight[0] -= 1
+        return [BODY]
+
+    srv = serve(Limits(max_workers=8, max_requests_per_client=2), scrape)
+    results: dict[str, list[bytes]] = {"127.0.0.2": [], "127.0.0.3": []}
+
+    def client(source: str) -> None:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=20, source_address=(source, 0)) as sock:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            results[source].append(read_all(sock))
+
+    heavy = [threading.Thread(target=client, args=("127.0.0.2",)) for _ in range(6)]
+    other = threading.Thread(target=client, args=("127.0.0.3",))
+    try:
+        for c in heavy:
+            c.start()
+        wait_until(lambda: srv._server.parked == 4)
+        assert in_flight[0] == 2
+        # Probes are not held: the kubelet's come from the node's address, which may also scrape.
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=5, source_address=("127.0.0.2", 0)) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert status(read_all(sock)) == 200
+        other.start()
+        wait_until(lambda: in_flight[0] == 3)  # not parked behind 127.0.0.2's four
+        gate.set()
+        for c in [*heavy, other]:
+            c.join(20)
+        assert [status(r) for r in results["127.0.0.2"]] == [200] * 6
+        assert [status(r) for r in results["127.0.0.3"]] == [200]
+        assert most[0] == 3 and srv._server.parked == 4
+        assert srv._server._in_flight == {} and srv._server._parked == {}  # nothing left counted
+    finally:
+        gate.set()
+        srv.stop()
+
+
+def test_stop_closes_requests_waiting_for_their_clients_earlier_ones():
+    gate = threading.Event()
+    srv = serve(Limits(max_requests_per_client=1), lambda openmetrics, gzipped: [BODY] if gate.wait(10) else [])
+    socks = [connect(srv.port) for _ in range(3)]
+    try:
+        for sock in socks:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        wait_until(lambda: srv._server.parked == 2)
+        stopper = threading.Thread(target=srv.stop)
+        stopper.start()
+        for sock in socks[1:]:  # the waiting two are closed, unanswered
+            sock.settimeout(5)
+            with contextlib.suppress(ConnectionResetError):
+                assert read_all(sock) == b""
+        gate.set()
+        stopper.join(10)
+        assert not server_threads()
+        socks[0].settimeout(5)
+        assert status(read_all(socks[0])) == 200  # the one being served is finished
+    finally:
+        gate.set()
+        for sock in socks:
+            sock.close()
 
 
 @pytest.mark.parametrize("server", [Limits(header_timeout=60)], indirect=True)
@@ -277,10 +350,15 @@ def test_stop_closes_connections_waiting_for_a_request():
 
 def test_limits_flags_and_environment(monkeypatch):
     args = build_parser().parse_args(
-        ["exporter", "--web-max-connections", "100", "--web-max-requests", "8", "--web-header-timeout", "5s"]
+        [
+            *("exporter", "--web-max-connections", "100", "--web-max-requests", "8", "--web-header-timeout", "5s"),
+            *("--web-max-requests-per-client", "2"),
+        ]
     )
     limits = web_options(args).limits
     assert (limits.max_connections, limits.max_workers, limits.header_timeout) == (100, 8, 5.0)
+    assert limits.max_requests_per_client == 2
+    assert web_options(build_parser().parse_args(["exporter"])).limits.max_requests_per_client == 1
     assert (limits.idle_timeout, limits.write_timeout) == (Limits().idle_timeout, Limits().write_timeout)
     monkeypatch.setenv("OTEL_DRA_WEB_IDLE_TIMEOUT", "30")
     assert web_options(build_parser().parse_args(["plugin", "--node-name", "n"])).limits.idle_timeout == 30.0
