@@ -29,6 +29,7 @@ from otel_dra.cli.web import WebOptions, add_web_flags, build_access, describe, 
 log = logging.getLogger("otel_dra")
 
 DEVICE_SOURCES = ("simulated", "nvml")
+TAINT_CHOICES = ("NoSchedule", "NoExecute", "none")
 
 
 def add_parser(sub: Any) -> None:
@@ -103,6 +104,39 @@ def add_parser(sub: Any) -> None:
         default=False,
         type=boolean,
     )
+    add_flag(
+        p,
+        "--device-health",
+        "DEVICE_HEALTH",
+        "serve device health to the kubelet (DRAResourceHealth, into the pods' allocatedResourcesStatus)",
+        default=True,
+        type=boolean,
+    )
+    add_flag(
+        p,
+        "--health-check-timeout",
+        "HEALTH_CHECK_TIMEOUT",
+        "seconds the kubelet keeps a device's health without news (the stream refreshes at a third of it)",
+        default=30,
+        type=int_in(1, 3600),
+    )
+    add_flag(
+        p,
+        "--unhealthy-device-taint",
+        "UNHEALTHY_DEVICE_TAINT",
+        "taint effect for unhealthy devices in the ResourceSlice (<driver>/unhealthy), or none",
+        default="NoSchedule",
+        choices=TAINT_CHOICES,
+    )
+    add_flag(
+        p,
+        "--health-dir",
+        "HEALTH_DIR",
+        "simulated devices: a file <dir>/<device> makes the device unhealthy until removed "
+        "(default: <kubelet-plugins-directory-path>/<driver>/health)",
+        default=None,
+        type=Path,
+    )
     add_logging_flags(p)
     p.set_defaults(func=cmd_plugin)
 
@@ -125,6 +159,9 @@ class PluginApp:
     # The Kubernetes authorizer of /metrics (--authorization=kubernetes), for its counters.
     metrics_authorizer: Any = None
     health: Any = None
+    # Device health (plugin.health): the state, its source (simulated directory or NVML events).
+    device_health: Any = None
+    health_source: Any = None
     remove_slices_on_exit: bool = False
     fatal: BaseException | None = None
     _stopped: bool = False
@@ -143,6 +180,8 @@ class PluginApp:
         self._stopped = True
         if self.health is not None:
             self.health.stop()
+        if self.health_source is not None:
+            self.health_source.stop()
         self.server.stop()
         self.publisher.stop()
         if self.remove_slices_on_exit if remove_slices is None else remove_slices:
@@ -177,6 +216,11 @@ def start_plugin(
     tracer_provider: Any = None,
     on_fatal: Callable[[BaseException], None] | None = None,
     web: WebOptions | None = None,
+    device_health: bool = True,
+    health_check_timeout: int = 30,
+    unhealthy_device_taint: str = "NoSchedule",
+    health_dir: Path | None = None,
+    health_poll: float = 1.0,
 ) -> PluginApp:
     """Start the plugin. ``tracer_provider`` and ``nvml`` replace what the environment would give
     (tests); ``on_fatal`` is called from a background thread when the plugin cannot go on."""
@@ -185,6 +229,7 @@ def start_plugin(
     from otel_dra.plugin.checkpoint import Checkpoint
     from otel_dra.plugin.devices import Device, simulated_devices
     from otel_dra.plugin.driver import Driver, Inventory
+    from otel_dra.plugin.health import DeviceTaints, HealthState, HealthStreams, SimulatedHealth
     from otel_dra.plugin.metrics import PluginMetrics
     from otel_dra.plugin.server import HealthServer, PluginServer
     from otel_dra.plugin.slices import SlicePublisher
@@ -227,6 +272,13 @@ def start_plugin(
         devices = discover()  # at start-up, so that a broken device source fails loudly here
         log.info("%d device(s) from %s: %s", len(devices), device_source, ", ".join(d.name for d in devices) or "-")
         inventory = Inventory(devices)
+        health_state = HealthState()
+        health_state.set_devices([d.name for d in devices])
+
+        def on_devices(found: list[Device]) -> None:
+            inventory.replace(found)
+            health_state.set_devices([d.name for d in found])
+
         cdi = CdiWriter(cdi_root, driver_name, node_name)
         cdi.write_common()
         checkpoint = Checkpoint(plugins_dir / driver_name / "checkpoint.json")
@@ -254,10 +306,14 @@ def start_plugin(
             # A kubelet that (re)registers the plugin may just have deleted the node's slices. A
             # registration before the publisher exists needs nothing: its first reconcile is to come.
             on_registered=lambda: _recheck(publishers),
+            health=HealthStreams(health_state, node_name, timeout_seconds=health_check_timeout)
+            if device_health
+            else None,
         )
         server.start()
         started.append(server)
         app = PluginApp(server, None, driver, pipeline, tracing, remove_slices_on_exit=remove_slices_on_exit)
+        app.device_health = health_state
 
         def fatal(exc: BaseException) -> None:
             metrics.fatal_error()
@@ -270,14 +326,23 @@ def start_plugin(
             driver_name=driver_name,
             node_name=node_name,
             discover=discover,
-            on_devices=inventory.replace,
+            on_devices=on_devices,
             on_fatal=fatal,
             resync=resync,
+            device_taints=None
+            if unhealthy_device_taint == "none"
+            else DeviceTaints(health_state, driver_name, unhealthy_device_taint),
         )
         app.publisher = publisher
+        health_state.add_listener(publisher.trigger)  # a sick or recovered device: republish now
         publisher.start()
         publishers.append(publisher)
         started.append(publisher)
+        if device_source == "simulated":
+            app.health_source = SimulatedHealth(
+                health_state, health_dir or plugins_dir / driver_name / "health", poll_seconds=health_poll
+            ).start()
+            started.append(app.health_source)
         if healthcheck_port >= 0:
             app.health = HealthServer(server, healthcheck_port).start()
             started.append(app.health)
@@ -338,6 +403,10 @@ def cmd_plugin(args: argparse.Namespace) -> int:
             remove_slices_on_exit=args.remove_slices_on_exit,
             on_fatal=lambda exc: stop.set(),
             web=web,
+            device_health=args.device_health,
+            health_check_timeout=args.health_check_timeout,
+            unhealthy_device_taint=args.unhealthy_device_taint,
+            health_dir=args.health_dir,
         )
     except (CredentialsError, ConfigError) as exc:
         log.error("%s", exc)

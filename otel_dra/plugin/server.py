@@ -35,9 +35,14 @@ from otel_dra._generated.dra.v1 import api_pb2 as dra_v1
 from otel_dra._generated.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from otel_dra._generated.dra.v1beta1 import api_pb2 as dra_v1beta1
 from otel_dra._generated.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
+from otel_dra._generated.drahealth.v1 import api_pb2 as health_v1
+from otel_dra._generated.drahealth.v1 import api_pb2_grpc as health_v1_grpc
+from otel_dra._generated.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
+from otel_dra._generated.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from otel_dra._generated.pluginregistration import api_pb2 as reg_pb2
 from otel_dra._generated.pluginregistration import api_pb2_grpc as reg_grpc
 from otel_dra.plugin.driver import TRACER_SCOPE, ClaimRef, ClaimResult, Driver
+from otel_dra.plugin.health import HEALTH_SERVICES, HealthStreams
 
 log = logging.getLogger(__name__)
 
@@ -187,9 +192,11 @@ class _DraServicer:
 
 
 class _RegistrationServicer:
-    def __init__(self, driver_name: str, endpoint: Path, on_status: Callable[[bool, str], None]) -> None:
+    def __init__(
+        self, driver_name: str, endpoint: Path, on_status: Callable[[bool, str], None], versions: tuple[str, ...]
+    ) -> None:
         self.info = reg_pb2.PluginInfo(
-            type=PLUGIN_TYPE, name=driver_name, endpoint=str(endpoint), supported_versions=list(SUPPORTED_VERSIONS)
+            type=PLUGIN_TYPE, name=driver_name, endpoint=str(endpoint), supported_versions=list(versions)
         )
         self.on_status = on_status
 
@@ -234,10 +241,14 @@ class PluginServer:
         registrar_dir: Path,
         max_workers: int = 8,
         on_registered: Callable[[], None] | None = None,
+        health: HealthStreams | None = None,
     ) -> None:
         """``on_registered`` is called (from a gRPC thread; must not block) each time the kubelet
-        confirms a registration: after a kubelet restart too."""
+        confirms a registration: after a kubelet restart too. With ``health`` the DRAResourceHealth
+        services are served too, and advertised in the registration (the kubelet looks there)."""
         self.on_registered = on_registered
+        self.health = health
+        self.supported_versions = SUPPORTED_VERSIONS + (HEALTH_SERVICES if health is not None else ())
         self.driver = driver
         self.driver_name = driver_name
         self.plugin_dir = plugins_dir / driver_name
@@ -257,7 +268,7 @@ class PluginServer:
     def _on_registration(self, registered: bool, error: str) -> None:
         self.registration_error = error
         if registered:
-            log.info("registered with the kubelet as %s (%s)", self.driver_name, ", ".join(SUPPORTED_VERSIONS))
+            log.info("registered with the kubelet as %s (%s)", self.driver_name, ", ".join(self.supported_versions))
             self.registered.set()
             if self.on_registered is not None:
                 try:
@@ -283,18 +294,30 @@ class PluginServer:
         try:
             self._clear_stale(self.dra_socket)
             self._clear_stale(self.registration_socket)
-            dra = _GrpcServer(self._max_workers, "dra-grpc")
+            # A health stream holds its gRPC thread for as long as it lasts: the streams get threads
+            # of their own (one spare for the moment a new stream replaces the oldest), so that
+            # prepare/unprepare always have max_workers.
+            spare = self.health.max_streams + 1 if self.health is not None else 0
+            dra = _GrpcServer(self._max_workers + spare, "dra-grpc")
             dra_v1_grpc.add_DRAPluginServicer_to_server(_DraServicer(dra_v1, self.driver, self._tracer), dra.server)
             dra_v1beta1_grpc.add_DRAPluginServicer_to_server(
                 _DraServicer(dra_v1beta1, self.driver, self._tracer), dra.server
             )
+            if self.health is not None:
+                health_v1_grpc.add_DRAResourceHealthServicer_to_server(self.health.servicer(health_v1), dra.server)
+                health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
+                    self.health.servicer(health_v1alpha1), dra.server
+                )
             self._bind(dra.server, self.dra_socket)
             dra.server.start()
             self._dra_server = dra
             # Registration last: when the kubelet finds the registration socket, dra.sock serves.
             reg = _GrpcServer(2, "reg-grpc")
             reg_grpc.add_RegistrationServicer_to_server(
-                _RegistrationServicer(self.driver_name, self.dra_socket, self._on_registration), reg.server
+                _RegistrationServicer(
+                    self.driver_name, self.dra_socket, self._on_registration, self.supported_versions
+                ),
+                reg.server,
             )
             self._bind(reg.server, self.registration_socket)
             reg.server.start()
@@ -313,9 +336,12 @@ class PluginServer:
             raise PluginStartError(f"cannot listen on {path}: {exc}") from exc
 
     def stop(self, grace: float = 5.0) -> None:
-        """Unregister first (the registration socket goes away), then stop serving claims."""
+        """Unregister first (the registration socket goes away), then stop serving claims. Health
+        streams end just before: cleanly, which the kubelet takes as EOF, not as an error."""
         for attr, path in (("_reg_server", self.registration_socket), ("_dra_server", self.dra_socket)):
             server: _GrpcServer | None = getattr(self, attr)
+            if server is not None and attr == "_dra_server" and self.health is not None:
+                self.health.state.close()
             if server is not None:
                 server.stop(grace)
                 setattr(self, attr, None)
