@@ -244,7 +244,7 @@ def test_prepare_and_unprepare(start, kubelet, dirs, node, namespace, admin_clie
     (device,) = entry.devices
     assert list(device.request_names) == ["gpu"]
     assert (device.pool_name, device.device_name) == (node, "gpu-1")
-    assert list(device.cdi_device_ids) == [f"k8s.{DRIVER}/gpu=common", f"k8s.{DRIVER}/gpu={uid}-gpu-1"]
+    assert list(device.cdi_device_ids) == [f"k8s.{DRIVER}/gpu={uid}-gpu-1", f"k8s.{DRIVER}/gpu=common"]
 
     spec = json.loads(dirs.cdi_spec(uid).read_text())
     assert spec["kind"] == f"k8s.{DRIVER}/gpu"

@@ -169,7 +169,7 @@ def test_cdi_specs(tmp_path):
         {"name": "uid-1-gpu-3", "containerEdits": {"env": ["GPU_DEVICE_3=gpu-3"]}},
         {"name": "uid-1-gpu-0-mig-1-0", "containerEdits": {"env": ["GPU_DEVICE_0_MIG_1_0=gpu-0-mig-1-0"]}},
     ]
-    assert cdi.device_ids("uid-1", "gpu-3") == ["k8s.gpu.example.com/gpu=common", "k8s.gpu.example.com/gpu=uid-1-gpu-3"]
+    assert cdi.device_ids("uid-1", "gpu-3") == ["k8s.gpu.example.com/gpu=uid-1-gpu-3", "k8s.gpu.example.com/gpu=common"]
     assert sorted(p.name for p in (tmp_path / "cdi").iterdir()) == [
         "k8s.gpu.example.com-gpu_common.json",
         "k8s.gpu.example.com-gpu_uid-1.json",
