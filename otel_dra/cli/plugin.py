@@ -343,6 +343,17 @@ def start_plugin(
                 health_state, health_dir or plugins_dir / driver_name / "health", poll_seconds=health_poll
             ).start()
             started.append(app.health_source)
+        elif device_source == "nvml":
+            from otel_dra.plugin.nvml import load_nvml
+            from otel_dra.plugin.nvml_health import NvmlHealth
+
+            nvml_module = nvml if nvml is not None else load_nvml()
+            try:
+                app.health_source = NvmlHealth(health_state, nvml_module).start()
+                started.append(app.health_source)
+            except nvml_module.NVMLError as exc:
+                # The devices were found: serve them, without health events, and say so.
+                log.error("NVML event monitoring is unavailable, devices are reported healthy: %s", exc)
         if healthcheck_port >= 0:
             app.health = HealthServer(server, healthcheck_port).start()
             started.append(app.health)

@@ -124,7 +124,12 @@ def test_registration_slices_and_health(start, kubelet, dirs, node, admin_client
     app = start(node, healthcheck_port=0)
     info = kubelet.get_info()
     assert (info.type, info.name, info.endpoint) == ("DRAPlugin", DRIVER, str(dirs.dra_socket))
-    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert list(info.supported_versions) == [
+        "v1.DRAPlugin",
+        "v1beta1.DRAPlugin",
+        "v1.DRAResourceHealth",
+        "v1alpha1.DRAResourceHealth",
+    ]
     assert not app.server.registered.is_set()
     kubelet.notify(True)
     assert app.server.registered.is_set()

@@ -274,3 +274,77 @@ def test_taints_of_unhealthy_devices_only():
     assert taint_value("double bit ECC!") == "double-bit-ECC"
     assert len(taint_value("x" * 100)) == 63
     assert taint_value("") == "unhealthy"
+
+
+# --- NVML events (tests/unit/fake_nvml.py) -------------------------------------------------------
+
+
+def _nvml_health(gpus):
+    from otel_dra.plugin import nvml as nvml_discovery
+    from otel_dra.plugin.nvml_health import NvmlHealth
+    from tests.unit.fake_nvml import FakeNvml
+
+    fake = FakeNvml(gpus)
+    state = HealthState()
+    state.set_devices([d.name for d in nvml_discovery.discover(fake)])
+    return fake, state, NvmlHealth(state, fake, wait_ms=50)
+
+
+def test_nvml_critical_xid_and_double_bit_ecc_make_a_gpu_unhealthy():
+    import pynvml
+
+    from tests.unit.fake_nvml import FakeGpu
+
+    a, b = FakeGpu(uuid="GPU-aaaa"), FakeGpu(uuid="GPU-bbbb")
+    fake, state, monitor = _nvml_health([a, b])
+    monitor.start()
+    try:
+        assert fake.registered == {id(a): 0xA, id(b): 0xA}  # XID critical | double-bit ECC
+        fake.inject(a, pynvml.nvmlEventTypeXidCriticalError, 13)  # an application's fault: ignored
+        fake.inject(b, pynvml.nvmlEventTypeXidCriticalError, 79)  # fallen off the bus
+        wait_until(lambda: state.get("gpu-1").health == Health.UNHEALTHY, timeout=5, what="gpu-1 unhealthy")
+        assert state.get("gpu-1").message == "critical XID 79 reported by NVML on GPU GPU-bbbb"
+        assert state.get("gpu-1").reason == "xid-79"
+        assert state.get("gpu-0").health == Health.HEALTHY
+        fake.inject(a, pynvml.nvmlEventTypeDoubleBitEccError)
+        wait_until(lambda: state.get("gpu-0").health == Health.UNHEALTHY, timeout=5, what="gpu-0 unhealthy")
+        assert state.get("gpu-0").reason == "ecc-double-bit"
+    finally:
+        monitor.stop()
+    assert fake.init_count == 0  # every nvmlInit has its nvmlShutdown
+
+
+def test_nvml_lost_gpu_and_a_gpu_without_events():
+    from tests.unit.fake_nvml import FakeGpu
+
+    a, b = FakeGpu(uuid="GPU-aaaa", supported_events=0), FakeGpu(uuid="GPU-bbbb")
+    fake, state, monitor = _nvml_health([a, b])
+    monitor.start()
+    try:
+        assert id(a) not in fake.registered  # NotSupported: only the probe watches it
+        a.lost = True
+        wait_until(lambda: state.get("gpu-0").health == Health.UNHEALTHY, timeout=5, what="gpu-0 lost")
+        assert state.get("gpu-0").reason == "gpu-lost" and "GPU GPU-aaaa is lost" in state.get("gpu-0").message
+        assert state.get("gpu-1").health == Health.HEALTHY
+    finally:
+        monitor.stop()
+
+
+def test_nvml_mig_events_name_their_mig_device_or_all_of_the_gpu():
+    import pynvml
+
+    from tests.unit.fake_nvml import FakeGpu
+
+    gpu = FakeGpu(mig_enabled=True, mig_devices=[(1, 0, 0), (2, 0, 0)])
+    fake, state, monitor = _nvml_health([gpu])
+    names = sorted(e.device for e in state.snapshot())
+    assert names == ["gpu-0-mig-1-0", "gpu-0-mig-2-0"]
+    monitor.start()
+    try:
+        fake.inject(gpu, pynvml.nvmlEventTypeXidCriticalError, 94, gi=2, ci=0)  # contained ECC error in one MIG
+        wait_until(lambda: state.get("gpu-0-mig-2-0").health == Health.UNHEALTHY, timeout=5, what="one MIG device")
+        assert state.get("gpu-0-mig-1-0").health == Health.HEALTHY
+        fake.inject(gpu, pynvml.nvmlEventTypeXidCriticalError, 79)  # the whole GPU
+        wait_until(lambda: state.get("gpu-0-mig-1-0").health == Health.UNHEALTHY, timeout=5, what="all MIG devices")
+    finally:
+        monitor.stop()

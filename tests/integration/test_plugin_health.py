@@ -1,0 +1,82 @@
+"""Device health of the in-process plugin against the real API server: NVML events (fake NVML)
+and the simulated health directory become taints of the published ResourceSlice, with the
+configured effect, and go again on recovery; the DRAResourceHealth stream says the same."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pynvml
+import pytest
+
+from otel_dra._generated.drahealth.v1 import api_pb2 as health_v1
+from otel_dra._generated.drahealth.v1 import api_pb2_grpc as health_v1_grpc
+from tests.helpers import wait_until
+from tests.integration import test_plugin
+from tests.integration.plugin_helpers import DRIVER, own_slices
+from tests.unit.fake_nvml import FakeGpu, FakeNvml
+
+pytestmark = pytest.mark.testbed
+
+# test_plugin's fixtures: in-process plugins on short directories, a fresh node name.
+dirs = test_plugin.dirs
+node = test_plugin.node
+start = test_plugin.start
+KEY = f"{DRIVER}/unhealthy"
+
+
+def _taints(admin_client, node: str) -> dict[str, list[tuple[str, str, str]]]:
+    out = {}
+    for s in own_slices(admin_client, node):
+        for d in s["spec"]["devices"]:
+            if d.get("taints"):
+                out[d["name"]] = [(t["key"], t["value"], t["effect"]) for t in d["taints"]]
+                assert all(t["timeAdded"].endswith("Z") for t in d["taints"])
+    return out
+
+
+def test_nvml_xid_taints_the_gpu_with_the_chosen_effect(start, node, admin_client):
+    a, b = FakeGpu(uuid="GPU-aaaa"), FakeGpu(uuid="GPU-bbbb")
+    fake = FakeNvml([a, b])
+    app = start(node, device_source="nvml", nvml=fake, resync=3600, unhealthy_device_taint="NoExecute")
+    wait_until(lambda: own_slices(admin_client, node), what="the slice")
+    generation = own_slices(admin_client, node)[0]["spec"]["pool"]["generation"]
+    fake.inject(b, pynvml.nvmlEventTypeXidCriticalError, 79)
+    wait_until(lambda: _taints(admin_client, node) == {"gpu-1": [(KEY, "xid-79", "NoExecute")]}, what="gpu-1 tainted")
+    assert own_slices(admin_client, node)[0]["spec"]["pool"]["generation"] == generation + 1
+    entry = app.device_health.get("gpu-1")
+    assert entry.message == "critical XID 79 reported by NVML on GPU GPU-bbbb"
+
+
+def test_simulated_health_file_taints_and_recovers(start, node, dirs, admin_client):
+    app = start(node, num_devices=2, resync=3600, health_poll=0.2)
+    wait_until(lambda: own_slices(admin_client, node), what="the slice")
+    health_dir = dirs.plugins / DRIVER / "health"
+    channel = grpc.insecure_channel(f"unix://{dirs.dra_socket}")
+    try:
+        stream = health_v1_grpc.DRAResourceHealthStub(channel).NodeWatchResources(health_v1.NodeWatchResourcesRequest())
+        first = next(stream)
+        assert {d.device.device_name: d.health for d in first.devices} == {"gpu-0": 1, "gpu-1": 1}
+        (health_dir / "gpu-0").write_text("unhealthy: fan failure")
+        wait_until(lambda: _taints(admin_client, node) == {"gpu-0": [(KEY, "simulated", "NoSchedule")]}, what="tainted")
+        sick = next(stream)
+        assert {d.device.device_name: (d.health, d.message) for d in sick.devices}["gpu-0"] == (2, "fan failure")
+        (health_dir / "gpu-0").unlink()
+        wait_until(lambda: _taints(admin_client, node) == {}, what="taint removed")
+        assert {d.device.device_name: d.health for d in next(stream).devices} == {"gpu-0": 1, "gpu-1": 1}
+        stream.cancel()
+    finally:
+        channel.close()
+    assert app.server.health.opened == 1
+
+
+def test_no_taints_when_switched_off(start, node, dirs, admin_client):
+    app = start(node, num_devices=1, resync=3600, health_poll=0.2, unhealthy_device_taint="none")
+    wait_until(lambda: own_slices(admin_client, node), what="the slice")
+    (dirs.plugins / DRIVER / "health" / "gpu-0").write_text("")
+    wait_until(lambda: app.device_health.get("gpu-0").health == 2, what="gpu-0 unhealthy")
+    publishes = app.publisher.publishes
+    time.sleep(1.5)  # the health change triggered a reconcile: it must find nothing to write
+    assert app.publisher.publishes == publishes
+    assert _taints(admin_client, node) == {}
