@@ -141,6 +141,20 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_plugin)
 
 
+def _prepared_devices(checkpoint: Any) -> int:
+    """Devices of the claims in the checkpoint (0 while it is unreadable: uids() is then empty)."""
+    from otel_dra.plugin.checkpoint import CheckpointError
+
+    total = 0
+    for uid in checkpoint.uids():
+        try:
+            entry = checkpoint.get(uid)
+        except CheckpointError:
+            return 0
+        total += len(entry.devices) if entry is not None else 0
+    return total
+
+
 def _recheck(publishers: list[Any]) -> None:
     for publisher in publishers:
         publisher.recheck_soon()
@@ -314,6 +328,12 @@ def start_plugin(
         started.append(server)
         app = PluginApp(server, None, driver, pipeline, tracing, remove_slices_on_exit=remove_slices_on_exit)
         app.device_health = health_state
+        streams = server.health
+        metrics.observe_state(
+            prepared_devices=lambda: _prepared_devices(checkpoint),
+            device_health=lambda: [(node_name, e.device, e.health.name.title()) for e in health_state.snapshot()],
+            health_streams=None if streams is None else lambda: streams.active,
+        )
 
         def fatal(exc: BaseException) -> None:
             metrics.fatal_error()

@@ -189,6 +189,7 @@ class Driver:
                     # The checkpoint file is unusable: the message says why and the way out.
                     exc = ClaimError("CheckpointUnreadable", str(exc))
                 kind = exc.kind if isinstance(exc, ClaimError) else "Internal"
+                self.metrics.claim_error(operation, kind)
                 if not isinstance(exc, ClaimError):
                     log.exception("%s of claim %s failed unexpectedly", operation, ref)
                 message = f"{operation} claim {ref}: {exc}"

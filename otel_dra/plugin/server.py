@@ -145,9 +145,13 @@ class _DraServicer:
             NETWORK_TRANSPORT: "unix",
             CLAIM_COUNT: claims,
         }
-        with self.tracer.start_as_current_span(
-            f"{self.service}/{method}", context=parent, kind=SpanKind.SERVER, attributes=attributes
-        ) as span:
+        operation = "prepare" if method == "NodePrepareResources" else "unprepare"
+        with (
+            self.driver.metrics.in_flight(operation),
+            self.tracer.start_as_current_span(
+                f"{self.service}/{method}", context=parent, kind=SpanKind.SERVER, attributes=attributes
+            ) as span,
+        ):
             try:
                 yield span
             except BaseException:

@@ -14,7 +14,7 @@ from otel_dra._generated.drahealth.v1 import api_pb2 as health_v1
 from otel_dra._generated.drahealth.v1 import api_pb2_grpc as health_v1_grpc
 from tests.helpers import wait_until
 from tests.integration import test_plugin
-from tests.integration.plugin_helpers import DRIVER, own_slices
+from tests.integration.plugin_helpers import DRIVER, metric, own_slices
 from tests.unit.fake_nvml import FakeGpu, FakeNvml
 
 pytestmark = pytest.mark.testbed
@@ -62,10 +62,17 @@ def test_simulated_health_file_taints_and_recovers(start, node, dirs, admin_clie
         wait_until(lambda: _taints(admin_client, node) == {"gpu-0": [(KEY, "simulated", "NoSchedule")]}, what="tainted")
         sick = next(stream)
         assert {d.device.device_name: (d.health, d.message) for d in sick.devices}["gpu-0"] == (2, "fan failure")
+        port = app.metrics_port
+        assert metric(port, "otel_dra_plugin_device_health", device_name="gpu-0", health="Unhealthy") == 1
+        assert metric(port, "otel_dra_plugin_device_health", device_name="gpu-0", health="Healthy") == 0
+        assert metric(port, "otel_dra_plugin_device_health", device_name="gpu-1", health="Healthy") == 1
+        assert metric(port, "otel_dra_plugin_health_streams") == 1
+        assert metric(port, "otel_dra_plugin_prepared_devices") == 0
         (health_dir / "gpu-0").unlink()
         wait_until(lambda: _taints(admin_client, node) == {}, what="taint removed")
         assert {d.device.device_name: d.health for d in next(stream).devices} == {"gpu-0": 1, "gpu-1": 1}
         stream.cancel()
+        wait_until(lambda: metric(app.metrics_port, "otel_dra_plugin_health_streams") == 0, what="stream closed")
     finally:
         channel.close()
     assert app.server.health.opened == 1
