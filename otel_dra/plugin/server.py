@@ -18,7 +18,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from pathlib import Path
 from types import ModuleType
@@ -41,7 +41,7 @@ from otel_dra._generated.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from otel_dra._generated.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from otel_dra._generated.pluginregistration import api_pb2 as reg_pb2
 from otel_dra._generated.pluginregistration import api_pb2_grpc as reg_grpc
-from otel_dra.plugin.driver import TRACER_SCOPE, ClaimRef, ClaimResult, Driver
+from otel_dra.plugin.driver import ERROR_TYPE, TRACER_SCOPE, ClaimRef, ClaimResult, Driver
 from otel_dra.plugin.health import HEALTH_SERVICES, HealthStreams
 
 log = logging.getLogger(__name__)
@@ -51,11 +51,19 @@ SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 # sockaddr_un.sun_path is 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
 
+# RPC semantic conventions after v1.37.0 (release candidate): rpc.system.name, rpc.method fully
+# qualified ("<package>.<Service>/<Method>"), the status as a string. The attributes of v1.37.0 and
+# before (rpc.system, rpc.service, rpc.grpc.status_code as a number, network.transport) are added
+# with OTEL_SEMCONV_STABILITY_OPT_IN=rpc/dup; rpc.method keeps its current, fully qualified value
+# then (one key cannot hold both).
+RPC_SYSTEM_NAME = "rpc.system.name"
+RPC_METHOD = "rpc.method"
+RPC_RESPONSE_STATUS = "rpc.response.status_code"
 RPC_SYSTEM = "rpc.system"
 RPC_SERVICE = "rpc.service"
-RPC_METHOD = "rpc.method"
 RPC_GRPC_STATUS = "rpc.grpc.status_code"
 NETWORK_TRANSPORT = "network.transport"
+SEMCONV_OPT_IN = "OTEL_SEMCONV_STABILITY_OPT_IN"
 CLAIM_COUNT = "dra.claim.count"
 CLAIM_ERRORS = "dra.claim.errors"
 
@@ -116,6 +124,11 @@ def _socket_alive(path: Path) -> bool:
         return True
 
 
+def old_rpc_attributes(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether spans also carry the RPC attributes of semconv v1.37.0 (``rpc/dup``)."""
+    return "rpc/dup" in {v.strip() for v in environ.get(SEMCONV_OPT_IN, "").split(",")}
+
+
 def _claim_refs(request: Any) -> list[ClaimRef]:
     return [ClaimRef(namespace=c.namespace, uid=c.uid, name=c.name) for c in request.claims]
 
@@ -129,6 +142,7 @@ class _DraServicer:
         self.driver = driver
         self.tracer = tracer
         self._propagator = TraceContextTextMapPropagator()
+        self._old_attributes = old_rpc_attributes()
 
     @contextlib.contextmanager
     def _rpc_span(self, method: str, claims: int, context: grpc.ServicerContext) -> Iterator[Span | None]:
@@ -138,13 +152,13 @@ class _DraServicer:
             return
         metadata = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
         parent = self._propagator.extract(metadata)  # a traceparent sent by the caller, if any
-        attributes = {
-            RPC_SYSTEM: "grpc",
-            RPC_SERVICE: self.service,
-            RPC_METHOD: method,
-            NETWORK_TRANSPORT: "unix",
+        attributes: dict[str, Any] = {
+            RPC_SYSTEM_NAME: "grpc",
+            RPC_METHOD: f"{self.service}/{method}",
             CLAIM_COUNT: claims,
         }
+        if self._old_attributes:
+            attributes.update({RPC_SYSTEM: "grpc", RPC_SERVICE: self.service, NETWORK_TRANSPORT: "unix"})
         operation = "prepare" if method == "NodePrepareResources" else "unprepare"
         with (
             self.driver.metrics.in_flight(operation),
@@ -154,10 +168,16 @@ class _DraServicer:
         ):
             try:
                 yield span
-            except BaseException:
-                span.set_attribute(RPC_GRPC_STATUS, grpc.StatusCode.UNKNOWN.value[0])
+            except BaseException as exc:
+                self._status(span, grpc.StatusCode.UNKNOWN)
+                span.set_attribute(ERROR_TYPE, type(exc).__qualname__)
                 raise
-            span.set_attribute(RPC_GRPC_STATUS, grpc.StatusCode.OK.value[0])
+            self._status(span, grpc.StatusCode.OK)
+
+    def _status(self, span: Span, code: grpc.StatusCode) -> None:
+        span.set_attribute(RPC_RESPONSE_STATUS, code.name)  # "OK", "UNKNOWN": the string form
+        if self._old_attributes:
+            span.set_attribute(RPC_GRPC_STATUS, code.value[0])
 
     def _errors(self, span: Span | None, results: dict[str, ClaimResult]) -> None:
         if span is not None:

@@ -267,10 +267,9 @@ def test_prepare_and_unprepare(start, kubelet, dirs, node, namespace, admin_clie
     spans = _spans(app)
     (rpc,) = [s for s in spans if s.kind == SpanKind.SERVER]
     assert rpc.name == PREPARE
-    assert rpc.attributes["rpc.system"] == "grpc"
-    assert rpc.attributes["rpc.service"] == "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
-    assert rpc.attributes["rpc.method"] == "NodePrepareResources"
-    assert rpc.attributes["rpc.grpc.status_code"] == 0
+    assert rpc.attributes["rpc.system.name"] == "grpc"
+    assert rpc.attributes["rpc.method"] == "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
+    assert rpc.attributes["rpc.response.status_code"] == "OK"
     (claim_span,) = _children(spans, rpc)
     assert claim_span.name == "prepare claim"
     assert claim_span.attributes["k8s.namespace.name"] == namespace

@@ -14,7 +14,7 @@ from otel_dra._generated.drahealth.v1 import api_pb2 as health_v1
 from otel_dra._generated.drahealth.v1 import api_pb2_grpc as health_v1_grpc
 from tests.helpers import wait_until
 from tests.integration import test_plugin
-from tests.integration.plugin_helpers import DRIVER, metric, own_slices
+from tests.integration.plugin_helpers import CLAIMS, DRIVER, make_claim, metric, own_slices, ref, result
 from tests.unit.fake_nvml import FakeGpu, FakeNvml
 
 pytestmark = pytest.mark.testbed
@@ -87,3 +87,51 @@ def test_no_taints_when_switched_off(start, node, dirs, admin_client):
     time.sleep(1.5)  # the health change triggered a reconcile: it must find nothing to write
     assert app.publisher.publishes == publishes
     assert _taints(admin_client, node) == {}
+
+
+# --- spans: RPC semantic conventions, the claim's pods ---------------------------------------------
+
+kubelet = test_plugin.kubelet
+namespace = test_plugin.namespace
+
+
+def _reserved_claim(admin_client, namespace: str, name: str, node: str, pods: list[tuple[str, str]]):
+    claim = make_claim(admin_client, namespace, name, [result(node, "gpu-0")])
+    claim["status"]["reservedFor"] = [{"resource": "pods", "name": n, "uid": u} for n, u in pods]
+    return admin_client.send_json("PUT", f"{CLAIMS.format(ns=namespace)}/{name}/status", claim)
+
+
+@pytest.mark.parametrize("opt_in", ["", "http,rpc/dup"])
+def test_rpc_span_semconv_and_the_claims_pods(start, kubelet, node, namespace, admin_client, monkeypatch, opt_in):
+    from opentelemetry.trace import SpanKind
+
+    monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", opt_in)
+    app = start(node, num_devices=1, resync=3600)
+    one = _reserved_claim(admin_client, namespace, f"one-{node}", node, [("web-0", "uid-web-0")])
+    two = _reserved_claim(admin_client, namespace, f"two-{node}", node, [("a", "uid-a"), ("b", "uid-b")])
+    response = kubelet.prepare([ref(one), ref(two)])
+    assert all(c.error == "" for c in response.claims.values())
+    spans = list(app.spans.get_finished_spans())
+    (rpc,) = [s for s in spans if s.kind == SpanKind.SERVER]
+    expected = {
+        "rpc.system.name": "grpc",
+        "rpc.method": "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
+        "rpc.response.status_code": "OK",
+        "dra.claim.count": 2,
+        "dra.claim.errors": 0,
+    }
+    if opt_in:  # rpc/dup: the v1.37.0 attributes too
+        expected |= {
+            "rpc.system": "grpc",
+            "rpc.service": "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
+            "rpc.grpc.status_code": 0,
+            "network.transport": "unix",
+        }
+    assert dict(rpc.attributes) == expected
+    claims = {s.attributes["dra.claim.name"]: s.attributes for s in spans if s.name == "prepare claim"}
+    single = claims[f"one-{node}"]
+    assert (single["k8s.pod.name"], single["k8s.pod.uid"]) == ("web-0", "uid-web-0")
+    assert single["k8s.namespace.name"] == namespace
+    shared = claims[f"two-{node}"]
+    assert "k8s.pod.name" not in shared  # two consumers: only the arrays
+    assert (shared["dra.claim.pod.names"], shared["dra.claim.pod.uids"]) == (("a", "b"), ("uid-a", "uid-b"))
