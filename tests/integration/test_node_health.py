@@ -19,7 +19,7 @@ import pytest
 
 from otel_dra.kube.client import KubeClient, load_credentials
 from otel_dra.testbed import Testbed
-from otel_dra.testbed.node import Node
+from otel_dra.testbed.node import Node, restart_kubelet
 from tests.helpers import parse_samples, scrape, wait_until
 from tests.integration import test_node
 from tests.integration.test_node import (
@@ -183,4 +183,43 @@ def test_device_health_reaches_the_pod_taints_the_slice_and_recovers(
     print(
         f"\nHealthy in pod status {healthy_after:.1f}s after the pod's creation; Unhealthy {unhealthy_after:.1f}s "
         f"after the file was written; Healthy again {recovered_after:.1f}s after it was removed"
+    )
+
+
+def test_a_restarted_kubelet_watches_health_again(
+    node_testbed: tuple[Testbed, Node], host_plugin: list[HostPlugin], tmp_path: Path
+) -> None:
+    """The plugin keeps its stream state across a kubelet restart: the new kubelet opens a new
+    stream by itself, and a device made sick afterwards reaches the pod as before."""
+    testbed, node = node_testbed
+    client = KubeClient(load_credentials(str(testbed.kubeconfig)))
+    plugin = _start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log")
+    _claim_pod(client, "restart-a")
+    _wait_running(client, "restart-a", node)
+    [result] = _generated_claim(client, "restart-a")["status"]["allocation"]["devices"]["results"]
+    wait_until(lambda: _device_health(client, "restart-a") == ("Healthy", ""), timeout=60, what="Healthy")
+    offset = _kubelet_log_size(node)
+    restart_kubelet(testbed, node.name, progress=lambda _: None)
+
+    def stream_again() -> bool:
+        with node.kubelet_log.open("rb") as log:
+            log.seek(offset)
+            return "Successfully started WatchResources health stream" in log.read().decode(errors="replace")
+
+    wait_until(stream_again, timeout=60, what="the restarted kubelet's health stream")
+    _health_file(node, result["device"]).write_text("unhealthy: after the restart\n")
+    wait_until(
+        lambda: _device_health(client, "restart-a") == ("Unhealthy", "after the restart"),
+        timeout=30,
+        what="Unhealthy after the kubelet restart",
+    )
+    _health_file(node, result["device"]).unlink()
+    wait_until(lambda: _device_health(client, "restart-a") == ("Healthy", ""), timeout=30, what="Healthy again")
+    _delete_and_check_unprepared(client, node, "restart-a", _generated_claim(client, "restart-a"))
+    plugin.kill()
+    with node.kubelet_log.open("rb") as log:
+        log.seek(offset)
+        kubelet_log = log.read().decode(errors="replace")
+    assert not _HEALTH_ERROR.findall(kubelet_log), "\n".join(
+        line for line in kubelet_log.splitlines() if _HEALTH_ERROR.match(line)
     )
