@@ -30,6 +30,7 @@ log = logging.getLogger("otel_dra")
 
 DEVICE_SOURCES = ("simulated", "nvml")
 TAINT_CHOICES = ("NoSchedule", "NoExecute", "none")
+GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST
 
 
 def add_parser(sub: Any) -> None:
@@ -272,10 +273,24 @@ def start_plugin(
     )
 
     if device_source == "nvml":
+        from otel_dra.plugin.nvml import DiscoveryError
         from otel_dra.plugin.nvml import discover as nvml_discover
 
+        last: list[Device] = []
+
         def discover() -> list[Device]:
-            return nvml_discover(nvml)
+            try:
+                found = nvml_discover(nvml)
+            except DiscoveryError as exc:
+                # A GPU fallen off the bus fails discovery (NVML_ERROR_GPU_IS_LOST): keep publishing
+                # what was there, so that the health monitor's taint marks it, instead of a fatal
+                # error at the next resync. Any other discovery error stays fatal.
+                if last and getattr(exc.__cause__, "value", None) == GPU_IS_LOST:
+                    log.warning("device discovery failed, keeping the devices found before: %s", exc)
+                    return list(last)
+                raise
+            last[:] = found
+            return found
     else:
 
         def discover() -> list[Device]:

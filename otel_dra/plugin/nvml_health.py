@@ -169,3 +169,57 @@ class NvmlHealth:
         if self._thread is not None:
             self._thread.join(timeout=self.wait_ms / 1000 + 5)
         self._shutdown()
+
+
+def check(nvml: Any, seconds: float, out: Any) -> int:
+    """One health check, for a real GPU machine: what discovery finds, which events each GPU
+    supports, the events seen for ``seconds``, the probe's verdict. Returns the number of
+    unhealthy devices."""
+    import json
+
+    from otel_dra.plugin.nvml import discover
+
+    devices = discover(nvml)
+    state = HealthState()
+    state.set_devices([d.name for d in devices])
+    monitor = NvmlHealth(state, nvml, wait_ms=int(min(seconds, 5.0) * 1000))
+    monitor.start()
+    try:
+        supported = {}
+        for _index, handle, uuid in monitor._gpus:
+            try:
+                supported[uuid] = hex(int(nvml.nvmlDeviceGetSupportedEventTypes(handle)))
+            except nvml.NVMLError as exc:
+                supported[uuid] = f"error: {exc}"
+        monitor._stop.wait(seconds)
+        monitor.probe()
+    finally:
+        monitor.stop()
+    report = {
+        "devices": [d.to_api() for d in devices],
+        "supported_event_types": supported,
+        "health": {
+            e.device: {"health": e.health.name, "message": e.message, "reason": e.reason} for e in state.snapshot()
+        },
+    }
+    print(json.dumps(report, indent=2), file=out)
+    return sum(1 for e in state.snapshot() if e.health == Health.UNHEALTHY)
+
+
+def main() -> int:
+    """``python -m otel_dra.plugin.nvml_health [SECONDS]``: the health check on this node's GPUs."""
+    import sys
+
+    from otel_dra.plugin.nvml import DiscoveryError, load_nvml
+
+    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 10.0
+    try:
+        unhealthy = check(load_nvml(), seconds, sys.stdout)
+    except DiscoveryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 1 if unhealthy else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -49,6 +49,23 @@ def test_nvml_xid_taints_the_gpu_with_the_chosen_effect(start, node, admin_clien
     assert entry.message == "critical XID 79 reported by NVML on GPU GPU-bbbb"
 
 
+def test_a_lost_gpu_is_tainted_and_the_plugin_carries_on(start, node, admin_client):
+    """NVML_ERROR_GPU_IS_LOST: the monitor's probe taints the GPU, and the rediscovery that now
+    fails on it keeps the devices instead of stopping the plugin (other discovery errors do)."""
+    a, b = FakeGpu(uuid="GPU-aaaa"), FakeGpu(uuid="GPU-bbbb")
+    fake = FakeNvml([a, b])
+    app = start(node, device_source="nvml", nvml=fake, resync=3600)
+    wait_until(lambda: own_slices(admin_client, node), what="the slice")
+    b.lost = True
+    wait_until(lambda: _taints(admin_client, node) == {"gpu-1": [(KEY, "gpu-lost", "NoSchedule")]}, timeout=20)
+    publishes = app.publisher.publishes
+    app.publisher.trigger()  # rediscovery: nvmlDeviceGetMemoryInfo of gpu-1 fails
+    time.sleep(1.5)
+    assert app.fatal is None
+    assert app.publisher.publishes == publishes  # same devices, same taint: nothing to write
+    assert [d["name"] for d in own_slices(admin_client, node)[0]["spec"]["devices"]] == ["gpu-0", "gpu-1"]
+
+
 def test_simulated_health_file_taints_and_recovers(start, node, dirs, admin_client):
     app = start(node, num_devices=2, resync=3600, health_poll=0.2)
     wait_until(lambda: own_slices(admin_client, node), what="the slice")

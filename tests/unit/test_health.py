@@ -348,3 +348,21 @@ def test_nvml_mig_events_name_their_mig_device_or_all_of_the_gpu():
         wait_until(lambda: state.get("gpu-0-mig-1-0").health == Health.UNHEALTHY, timeout=5, what="all MIG devices")
     finally:
         monitor.stop()
+
+
+def test_nvml_health_check_command_output():
+    """What `python -m otel_dra.plugin.nvml_health` prints on a GPU machine, here on the fake."""
+    import io
+    import json
+
+    from otel_dra.plugin.nvml_health import check
+    from tests.unit.fake_nvml import FakeGpu, FakeNvml
+
+    fake = FakeNvml([FakeGpu(uuid="GPU-aaaa"), FakeGpu(uuid="GPU-bbbb")])
+    out = io.StringIO()
+    assert check(fake, 0.1, out) == 0
+    report = json.loads(out.getvalue())
+    assert [d["name"] for d in report["devices"]] == ["gpu-0", "gpu-1"]
+    assert report["supported_event_types"] == {"GPU-aaaa": "0xb", "GPU-bbbb": "0xb"}
+    assert report["health"]["gpu-1"] == {"health": "HEALTHY", "message": "", "reason": ""}
+    assert fake.init_count == 0
