@@ -29,6 +29,8 @@ from otel_dra.cli.web import WebOptions, add_web_flags, build_access, describe, 
 log = logging.getLogger("otel_dra")
 
 DEVICE_SOURCES = ("simulated", "nvml")
+TAINT_CHOICES = ("NoSchedule", "NoExecute", "none")
+GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST
 
 
 def add_parser(sub: Any) -> None:
@@ -103,8 +105,55 @@ def add_parser(sub: Any) -> None:
         default=False,
         type=boolean,
     )
+    add_flag(
+        p,
+        "--device-health",
+        "DEVICE_HEALTH",
+        "serve device health to the kubelet (DRAResourceHealth, into the pods' allocatedResourcesStatus)",
+        default=True,
+        type=boolean,
+    )
+    add_flag(
+        p,
+        "--health-check-timeout",
+        "HEALTH_CHECK_TIMEOUT",
+        "seconds the kubelet keeps a device's health without news (the stream refreshes at a third of it)",
+        default=30,
+        type=int_in(1, 3600),
+    )
+    add_flag(
+        p,
+        "--unhealthy-device-taint",
+        "UNHEALTHY_DEVICE_TAINT",
+        "taint effect for unhealthy devices in the ResourceSlice (<driver>/unhealthy), or none",
+        default="NoSchedule",
+        choices=TAINT_CHOICES,
+    )
+    add_flag(
+        p,
+        "--health-dir",
+        "HEALTH_DIR",
+        "simulated devices: a file <dir>/<device> makes the device unhealthy until removed "
+        "(default: <kubelet-plugins-directory-path>/<driver>/health)",
+        default=None,
+        type=Path,
+    )
     add_logging_flags(p)
     p.set_defaults(func=cmd_plugin)
+
+
+def _prepared_devices(checkpoint: Any) -> int:
+    """Devices of the claims in the checkpoint (0 while it is unreadable: uids() is then empty)."""
+    from otel_dra.plugin.checkpoint import CheckpointError
+
+    total = 0
+    for uid in checkpoint.uids():
+        try:
+            entry = checkpoint.get(uid)
+        except CheckpointError:
+            return 0
+        total += len(entry.devices) if entry is not None else 0
+    return total
 
 
 def _recheck(publishers: list[Any]) -> None:
@@ -125,6 +174,9 @@ class PluginApp:
     # The Kubernetes authorizer of /metrics (--authorization=kubernetes), for its counters.
     metrics_authorizer: Any = None
     health: Any = None
+    # Device health (plugin.health): the state, its source (simulated directory or NVML events).
+    device_health: Any = None
+    health_source: Any = None
     remove_slices_on_exit: bool = False
     fatal: BaseException | None = None
     _stopped: bool = False
@@ -143,6 +195,8 @@ class PluginApp:
         self._stopped = True
         if self.health is not None:
             self.health.stop()
+        if self.health_source is not None:
+            self.health_source.stop()
         self.server.stop()
         self.publisher.stop()
         if self.remove_slices_on_exit if remove_slices is None else remove_slices:
@@ -177,6 +231,11 @@ def start_plugin(
     tracer_provider: Any = None,
     on_fatal: Callable[[BaseException], None] | None = None,
     web: WebOptions | None = None,
+    device_health: bool = True,
+    health_check_timeout: int = 30,
+    unhealthy_device_taint: str = "NoSchedule",
+    health_dir: Path | None = None,
+    health_poll: float = 1.0,
 ) -> PluginApp:
     """Start the plugin. ``tracer_provider`` and ``nvml`` replace what the environment would give
     (tests); ``on_fatal`` is called from a background thread when the plugin cannot go on."""
@@ -185,6 +244,7 @@ def start_plugin(
     from otel_dra.plugin.checkpoint import Checkpoint
     from otel_dra.plugin.devices import Device, simulated_devices
     from otel_dra.plugin.driver import Driver, Inventory
+    from otel_dra.plugin.health import DeviceTaints, HealthState, HealthStreams, SimulatedHealth
     from otel_dra.plugin.metrics import PluginMetrics
     from otel_dra.plugin.server import HealthServer, PluginServer
     from otel_dra.plugin.slices import SlicePublisher
@@ -213,10 +273,24 @@ def start_plugin(
     )
 
     if device_source == "nvml":
+        from otel_dra.plugin.nvml import DiscoveryError
         from otel_dra.plugin.nvml import discover as nvml_discover
 
+        last: list[Device] = []
+
         def discover() -> list[Device]:
-            return nvml_discover(nvml)
+            try:
+                found = nvml_discover(nvml)
+            except DiscoveryError as exc:
+                # A GPU fallen off the bus fails discovery (NVML_ERROR_GPU_IS_LOST): keep publishing
+                # what was there, so that the health monitor's taint marks it, instead of a fatal
+                # error at the next resync. Any other discovery error stays fatal.
+                if last and getattr(exc.__cause__, "value", None) == GPU_IS_LOST:
+                    log.warning("device discovery failed, keeping the devices found before: %s", exc)
+                    return list(last)
+                raise
+            last[:] = found
+            return found
     else:
 
         def discover() -> list[Device]:
@@ -227,6 +301,13 @@ def start_plugin(
         devices = discover()  # at start-up, so that a broken device source fails loudly here
         log.info("%d device(s) from %s: %s", len(devices), device_source, ", ".join(d.name for d in devices) or "-")
         inventory = Inventory(devices)
+        health_state = HealthState()
+        health_state.set_devices([d.name for d in devices])
+
+        def on_devices(found: list[Device]) -> None:
+            inventory.replace(found)
+            health_state.set_devices([d.name for d in found])
+
         cdi = CdiWriter(cdi_root, driver_name, node_name)
         cdi.write_common()
         checkpoint = Checkpoint(plugins_dir / driver_name / "checkpoint.json")
@@ -254,10 +335,20 @@ def start_plugin(
             # A kubelet that (re)registers the plugin may just have deleted the node's slices. A
             # registration before the publisher exists needs nothing: its first reconcile is to come.
             on_registered=lambda: _recheck(publishers),
+            health=HealthStreams(health_state, node_name, timeout_seconds=health_check_timeout)
+            if device_health
+            else None,
         )
         server.start()
         started.append(server)
         app = PluginApp(server, None, driver, pipeline, tracing, remove_slices_on_exit=remove_slices_on_exit)
+        app.device_health = health_state
+        streams = server.health
+        metrics.observe_state(
+            prepared_devices=lambda: _prepared_devices(checkpoint),
+            device_health=lambda: [(node_name, e.device, e.health.name.title()) for e in health_state.snapshot()],
+            health_streams=None if streams is None else lambda: streams.active,
+        )
 
         def fatal(exc: BaseException) -> None:
             metrics.fatal_error()
@@ -270,14 +361,34 @@ def start_plugin(
             driver_name=driver_name,
             node_name=node_name,
             discover=discover,
-            on_devices=inventory.replace,
+            on_devices=on_devices,
             on_fatal=fatal,
             resync=resync,
+            device_taints=None
+            if unhealthy_device_taint == "none"
+            else DeviceTaints(health_state, driver_name, unhealthy_device_taint),
         )
         app.publisher = publisher
+        health_state.add_listener(publisher.trigger)  # a sick or recovered device: republish now
         publisher.start()
         publishers.append(publisher)
         started.append(publisher)
+        if device_source == "simulated":
+            app.health_source = SimulatedHealth(
+                health_state, health_dir or plugins_dir / driver_name / "health", poll_seconds=health_poll
+            ).start()
+            started.append(app.health_source)
+        elif device_source == "nvml":
+            from otel_dra.plugin.nvml import load_nvml
+            from otel_dra.plugin.nvml_health import NvmlHealth
+
+            nvml_module = nvml if nvml is not None else load_nvml()
+            try:
+                app.health_source = NvmlHealth(health_state, nvml_module).start()
+                started.append(app.health_source)
+            except nvml_module.NVMLError as exc:
+                # The devices were found: serve them, without health events, and say so.
+                log.error("NVML event monitoring is unavailable, devices are reported healthy: %s", exc)
         if healthcheck_port >= 0:
             app.health = HealthServer(server, healthcheck_port).start()
             started.append(app.health)
@@ -338,6 +449,10 @@ def cmd_plugin(args: argparse.Namespace) -> int:
             remove_slices_on_exit=args.remove_slices_on_exit,
             on_fatal=lambda exc: stop.set(),
             web=web,
+            device_health=args.device_health,
+            health_check_timeout=args.health_check_timeout,
+            unhealthy_device_taint=args.unhealthy_device_taint,
+            health_dir=args.health_dir,
         )
     except (CredentialsError, ConfigError) as exc:
         log.error("%s", exc)

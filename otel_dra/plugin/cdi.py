@@ -53,8 +53,11 @@ class CdiWriter:
         return path
 
     def device_ids(self, claim_uid: str, device_name: str) -> list[str]:
-        """The fully qualified CDI device ids returned to the kubelet for one allocated device."""
-        return [f"{self.kind}={COMMON_DEVICE}", f"{self.kind}={claim_uid}-{device_name}"]
+        """The fully qualified CDI device ids returned to the kubelet for one allocated device. The
+        device's own id first: the kubelet names the device by the first id in the pod's
+        allocatedResourcesStatus (resourceID), and drops entries whose resourceID repeats, so with
+        the common id first every device read ``...=common`` and a claim of two showed one."""
+        return [f"{self.kind}={claim_uid}-{device_name}", f"{self.kind}={COMMON_DEVICE}"]
 
     def write_claim(self, claim_uid: str, device_names: Sequence[str]) -> Path:
         """The transient spec of one claim: each device exports ``GPU_DEVICE_<suffix>=<device>``

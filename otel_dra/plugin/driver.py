@@ -51,6 +51,12 @@ SERVER_PORT = "server.port"
 # ... project-defined ones otherwise (documented in docs/metrics.md).
 CLAIM_NAME = "dra.claim.name"
 CLAIM_UID = "dra.claim.uid"
+# The pods the claim is reserved for (status.reservedFor), so that a trace joins the pod that waited
+# for it: the semconv attributes when there is one pod, the project's arrays always.
+K8S_POD_NAME = "k8s.pod.name"
+K8S_POD_UID = "k8s.pod.uid"
+CLAIM_POD_NAMES = "dra.claim.pod.names"
+CLAIM_POD_UIDS = "dra.claim.pod.uids"
 DRIVER = "dra.driver.name"
 POOL = "dra.pool.name"
 DEVICES = "dra.devices"
@@ -189,6 +195,7 @@ class Driver:
                     # The checkpoint file is unusable: the message says why and the way out.
                     exc = ClaimError("CheckpointUnreadable", str(exc))
                 kind = exc.kind if isinstance(exc, ClaimError) else "Internal"
+                self.metrics.claim_error(operation, kind)
                 if not isinstance(exc, ClaimError):
                     log.exception("%s of claim %s failed unexpectedly", operation, ref)
                 message = f"{operation} claim {ref}: {exc}"
@@ -227,6 +234,7 @@ class Driver:
                 return cached.devices
             span.set_attribute(CACHED, False)
             claim = self._read_claim(ref)
+            span.set_attributes(consumer_pod_attributes(claim))
             # The duration histogram times the driver's own work, as upstream's does: there the
             # kubelet-plugin helper reads the claim before the driver (and its timer) gets it. The
             # read has its own metrics (rest_client_request_duration_seconds{verb="GET"}) and span;
@@ -364,6 +372,24 @@ class _Stopwatch:
 
     def elapsed(self) -> float:
         return self._clock() - self._start
+
+
+def consumer_pod_attributes(claim: Mapping[str, Any]) -> dict[str, Any]:
+    """Span attributes of the pods in the claim's status.reservedFor (pods: apiGroup "" and
+    resource "pods"; the namespace is the claim's, already in k8s.namespace.name)."""
+    status = claim.get("status")
+    reserved = status.get("reservedFor") if isinstance(status, dict) else None
+    pods = [
+        (str(r.get("name", "")), str(r.get("uid", "")))
+        for r in reserved or []
+        if isinstance(r, dict) and r.get("resource") == "pods" and not r.get("apiGroup")
+    ]
+    if not pods:
+        return {}
+    attributes: dict[str, Any] = {CLAIM_POD_NAMES: [n for n, _ in pods], CLAIM_POD_UIDS: [u for _, u in pods]}
+    if len(pods) == 1:
+        attributes[K8S_POD_NAME], attributes[K8S_POD_UID] = pods[0]
+    return attributes
 
 
 def _validate(ref: ClaimRef, *, full: bool) -> None:

@@ -18,7 +18,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from pathlib import Path
 from types import ModuleType
@@ -35,9 +35,14 @@ from otel_dra._generated.dra.v1 import api_pb2 as dra_v1
 from otel_dra._generated.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from otel_dra._generated.dra.v1beta1 import api_pb2 as dra_v1beta1
 from otel_dra._generated.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
+from otel_dra._generated.drahealth.v1 import api_pb2 as health_v1
+from otel_dra._generated.drahealth.v1 import api_pb2_grpc as health_v1_grpc
+from otel_dra._generated.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
+from otel_dra._generated.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from otel_dra._generated.pluginregistration import api_pb2 as reg_pb2
 from otel_dra._generated.pluginregistration import api_pb2_grpc as reg_grpc
-from otel_dra.plugin.driver import TRACER_SCOPE, ClaimRef, ClaimResult, Driver
+from otel_dra.plugin.driver import ERROR_TYPE, TRACER_SCOPE, ClaimRef, ClaimResult, Driver
+from otel_dra.plugin.health import HEALTH_SERVICES, HealthStreams
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +51,19 @@ SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 # sockaddr_un.sun_path is 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
 
+# RPC semantic conventions after v1.37.0 (release candidate): rpc.system.name, rpc.method fully
+# qualified ("<package>.<Service>/<Method>"), the status as a string. The attributes of v1.37.0 and
+# before (rpc.system, rpc.service, rpc.grpc.status_code as a number, network.transport) are added
+# with OTEL_SEMCONV_STABILITY_OPT_IN=rpc/dup; rpc.method keeps its current, fully qualified value
+# then (one key cannot hold both).
+RPC_SYSTEM_NAME = "rpc.system.name"
+RPC_METHOD = "rpc.method"
+RPC_RESPONSE_STATUS = "rpc.response.status_code"
 RPC_SYSTEM = "rpc.system"
 RPC_SERVICE = "rpc.service"
-RPC_METHOD = "rpc.method"
 RPC_GRPC_STATUS = "rpc.grpc.status_code"
 NETWORK_TRANSPORT = "network.transport"
+SEMCONV_OPT_IN = "OTEL_SEMCONV_STABILITY_OPT_IN"
 CLAIM_COUNT = "dra.claim.count"
 CLAIM_ERRORS = "dra.claim.errors"
 
@@ -111,6 +124,11 @@ def _socket_alive(path: Path) -> bool:
         return True
 
 
+def old_rpc_attributes(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether spans also carry the RPC attributes of semconv v1.37.0 (``rpc/dup``)."""
+    return "rpc/dup" in {v.strip() for v in environ.get(SEMCONV_OPT_IN, "").split(",")}
+
+
 def _claim_refs(request: Any) -> list[ClaimRef]:
     return [ClaimRef(namespace=c.namespace, uid=c.uid, name=c.name) for c in request.claims]
 
@@ -124,6 +142,7 @@ class _DraServicer:
         self.driver = driver
         self.tracer = tracer
         self._propagator = TraceContextTextMapPropagator()
+        self._old_attributes = old_rpc_attributes()
 
     @contextlib.contextmanager
     def _rpc_span(self, method: str, claims: int, context: grpc.ServicerContext) -> Iterator[Span | None]:
@@ -133,22 +152,32 @@ class _DraServicer:
             return
         metadata = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
         parent = self._propagator.extract(metadata)  # a traceparent sent by the caller, if any
-        attributes = {
-            RPC_SYSTEM: "grpc",
-            RPC_SERVICE: self.service,
-            RPC_METHOD: method,
-            NETWORK_TRANSPORT: "unix",
+        attributes: dict[str, Any] = {
+            RPC_SYSTEM_NAME: "grpc",
+            RPC_METHOD: f"{self.service}/{method}",
             CLAIM_COUNT: claims,
         }
-        with self.tracer.start_as_current_span(
-            f"{self.service}/{method}", context=parent, kind=SpanKind.SERVER, attributes=attributes
-        ) as span:
+        if self._old_attributes:
+            attributes.update({RPC_SYSTEM: "grpc", RPC_SERVICE: self.service, NETWORK_TRANSPORT: "unix"})
+        operation = "prepare" if method == "NodePrepareResources" else "unprepare"
+        with (
+            self.driver.metrics.in_flight(operation),
+            self.tracer.start_as_current_span(
+                f"{self.service}/{method}", context=parent, kind=SpanKind.SERVER, attributes=attributes
+            ) as span,
+        ):
             try:
                 yield span
-            except BaseException:
-                span.set_attribute(RPC_GRPC_STATUS, grpc.StatusCode.UNKNOWN.value[0])
+            except BaseException as exc:
+                self._status(span, grpc.StatusCode.UNKNOWN)
+                span.set_attribute(ERROR_TYPE, type(exc).__qualname__)
                 raise
-            span.set_attribute(RPC_GRPC_STATUS, grpc.StatusCode.OK.value[0])
+            self._status(span, grpc.StatusCode.OK)
+
+    def _status(self, span: Span, code: grpc.StatusCode) -> None:
+        span.set_attribute(RPC_RESPONSE_STATUS, code.name)  # "OK", "UNKNOWN": the string form
+        if self._old_attributes:
+            span.set_attribute(RPC_GRPC_STATUS, code.value[0])
 
     def _errors(self, span: Span | None, results: dict[str, ClaimResult]) -> None:
         if span is not None:
@@ -187,9 +216,11 @@ class _DraServicer:
 
 
 class _RegistrationServicer:
-    def __init__(self, driver_name: str, endpoint: Path, on_status: Callable[[bool, str], None]) -> None:
+    def __init__(
+        self, driver_name: str, endpoint: Path, on_status: Callable[[bool, str], None], versions: tuple[str, ...]
+    ) -> None:
         self.info = reg_pb2.PluginInfo(
-            type=PLUGIN_TYPE, name=driver_name, endpoint=str(endpoint), supported_versions=list(SUPPORTED_VERSIONS)
+            type=PLUGIN_TYPE, name=driver_name, endpoint=str(endpoint), supported_versions=list(versions)
         )
         self.on_status = on_status
 
@@ -234,10 +265,14 @@ class PluginServer:
         registrar_dir: Path,
         max_workers: int = 8,
         on_registered: Callable[[], None] | None = None,
+        health: HealthStreams | None = None,
     ) -> None:
         """``on_registered`` is called (from a gRPC thread; must not block) each time the kubelet
-        confirms a registration: after a kubelet restart too."""
+        confirms a registration: after a kubelet restart too. With ``health`` the DRAResourceHealth
+        services are served too, and advertised in the registration (the kubelet looks there)."""
         self.on_registered = on_registered
+        self.health = health
+        self.supported_versions = SUPPORTED_VERSIONS + (HEALTH_SERVICES if health is not None else ())
         self.driver = driver
         self.driver_name = driver_name
         self.plugin_dir = plugins_dir / driver_name
@@ -257,7 +292,7 @@ class PluginServer:
     def _on_registration(self, registered: bool, error: str) -> None:
         self.registration_error = error
         if registered:
-            log.info("registered with the kubelet as %s (%s)", self.driver_name, ", ".join(SUPPORTED_VERSIONS))
+            log.info("registered with the kubelet as %s (%s)", self.driver_name, ", ".join(self.supported_versions))
             self.registered.set()
             if self.on_registered is not None:
                 try:
@@ -283,18 +318,30 @@ class PluginServer:
         try:
             self._clear_stale(self.dra_socket)
             self._clear_stale(self.registration_socket)
-            dra = _GrpcServer(self._max_workers, "dra-grpc")
+            # A health stream holds its gRPC thread for as long as it lasts: the streams get threads
+            # of their own (one spare for the moment a new stream replaces the oldest), so that
+            # prepare/unprepare always have max_workers.
+            spare = self.health.max_streams + 1 if self.health is not None else 0
+            dra = _GrpcServer(self._max_workers + spare, "dra-grpc")
             dra_v1_grpc.add_DRAPluginServicer_to_server(_DraServicer(dra_v1, self.driver, self._tracer), dra.server)
             dra_v1beta1_grpc.add_DRAPluginServicer_to_server(
                 _DraServicer(dra_v1beta1, self.driver, self._tracer), dra.server
             )
+            if self.health is not None:
+                health_v1_grpc.add_DRAResourceHealthServicer_to_server(self.health.servicer(health_v1), dra.server)
+                health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
+                    self.health.servicer(health_v1alpha1), dra.server
+                )
             self._bind(dra.server, self.dra_socket)
             dra.server.start()
             self._dra_server = dra
             # Registration last: when the kubelet finds the registration socket, dra.sock serves.
             reg = _GrpcServer(2, "reg-grpc")
             reg_grpc.add_RegistrationServicer_to_server(
-                _RegistrationServicer(self.driver_name, self.dra_socket, self._on_registration), reg.server
+                _RegistrationServicer(
+                    self.driver_name, self.dra_socket, self._on_registration, self.supported_versions
+                ),
+                reg.server,
             )
             self._bind(reg.server, self.registration_socket)
             reg.server.start()
@@ -313,9 +360,12 @@ class PluginServer:
             raise PluginStartError(f"cannot listen on {path}: {exc}") from exc
 
     def stop(self, grace: float = 5.0) -> None:
-        """Unregister first (the registration socket goes away), then stop serving claims."""
+        """Unregister first (the registration socket goes away), then stop serving claims. Health
+        streams end just before: cleanly, which the kubelet takes as EOF, not as an error."""
         for attr, path in (("_reg_server", self.registration_socket), ("_dra_server", self.dra_socket)):
             server: _GrpcServer | None = getattr(self, attr)
+            if server is not None and attr == "_dra_server" and self.health is not None:
+                self.health.state.close()
             if server is not None:
                 server.stop(grace)
                 setattr(self, attr, None)

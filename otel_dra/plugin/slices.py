@@ -14,7 +14,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from otel_dra.kube.client import ApiError, KubeClient
@@ -60,8 +60,17 @@ def _comparable(devices: Sequence[Any]) -> list[Any]:
                 capacity[key] = parse_quantity(value.get("value") if isinstance(value, dict) else None)
             except ValueError:
                 capacity[key] = None
-        out.append((d.get("name"), d.get("attributes") or {}, capacity))
+        # Taints without timeAdded: ours carry it, and what the server wrote back may spell it otherwise.
+        taints = [(t.get("key"), t.get("value"), t.get("effect")) for t in d.get("taints") or [] if isinstance(t, dict)]
+        out.append((d.get("name"), d.get("attributes") or {}, capacity, taints))
     return out
+
+
+def _with_taints(device: Device, taints: Mapping[str, list[dict[str, str]]]) -> dict[str, Any]:
+    body = device.to_api()
+    if taints.get(device.name):
+        body["taints"] = taints[device.name]
+    return body
 
 
 class SlicePublisher:
@@ -75,8 +84,12 @@ class SlicePublisher:
         on_devices: Callable[[list[Device]], None] | None = None,
         on_fatal: Callable[[BaseException], None] | None = None,
         resync: float = 30.0,
+        device_taints: Callable[[], Mapping[str, list[dict[str, str]]]] | None = None,
     ) -> None:
+        """``device_taints`` gives the taints to publish per device name (health.DeviceTaints)."""
         self.client = client
+        self._device_taints = device_taints
+        self._taints_dropped = False
         self.driver_name = driver_name
         self.node_name = node_name
         self.pool_name = node_name
@@ -103,20 +116,22 @@ class SlicePublisher:
         chunks = [list(devices[i : i + MAX_DEVICES_PER_SLICE]) for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)]
         chunks = chunks or [[]]  # an empty pool is still published, so consumers see the node has none
         desired = {slice_name(self.node_name, self.driver_name, i): chunk for i, chunk in enumerate(chunks)}
+        taints = self._device_taints() if self._device_taints is not None and not self._taints_dropped else {}
         existing = {s.get("metadata", {}).get("name", ""): s for s in self.list_own()}
         generations = [int((s.get("spec", {}).get("pool") or {}).get("generation") or 0) for s in existing.values()]
-        if self._up_to_date(existing, desired):
+        if self._up_to_date(existing, desired, taints):
             self.generation = max(generations, default=0)
             return False
         generation = max(generations, default=0) + 1
         for name, chunk in desired.items():
-            body = self._slice(name, chunk, generation, len(desired))
+            body = self._slice(name, chunk, generation, len(desired), taints)
             current = existing.get(name)
             if current is None:
-                self.client.send_json("POST", SLICES_PATH, body)
+                answer = self.client.send_json("POST", SLICES_PATH, body)
             else:
                 body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-                self.client.send_json("PUT", f"{SLICES_PATH}/{name}", body)
+                answer = self.client.send_json("PUT", f"{SLICES_PATH}/{name}", body)
+            self._check_taints_kept(body, answer)
         for name in existing.keys() - desired.keys():
             self._delete(name)
         self.generation = generation
@@ -130,7 +145,26 @@ class SlicePublisher:
         )
         return True
 
-    def _up_to_date(self, existing: dict[str, dict[str, Any]], desired: dict[str, list[Device]]) -> bool:
+    def _check_taints_kept(self, sent: dict[str, Any], answer: Any) -> None:
+        """An API server without device taints (DRADeviceTaints off: alpha in 1.33/1.34) drops them
+        silently; comparing with them would then rewrite the slices at every resync, for nothing."""
+        if self._taints_dropped or not any("taints" in d for d in sent["spec"]["devices"]):
+            return
+        kept = answer.get("spec", {}).get("devices") if isinstance(answer, dict) else None
+        if isinstance(kept, list) and not any(isinstance(d, dict) and d.get("taints") for d in kept):
+            self._taints_dropped = True
+            log.warning(
+                "the API server dropped the device taints of ResourceSlice %s (feature gate DRADeviceTaints "
+                "off?): unhealthy devices stay schedulable; taints are no longer compared",
+                sent["metadata"]["name"],
+            )
+
+    def _up_to_date(
+        self,
+        existing: dict[str, dict[str, Any]],
+        desired: dict[str, list[Device]],
+        taints: Mapping[str, list[dict[str, str]]],
+    ) -> bool:
         if set(existing) != set(desired):
             return False
         generations = set()
@@ -140,11 +174,18 @@ class SlicePublisher:
             if pool.get("name") != self.pool_name or pool.get("resourceSliceCount") != len(desired):
                 return False
             generations.add(pool.get("generation"))
-            if _comparable(spec.get("devices") or []) != _comparable([d.to_api() for d in chunk]):
+            if _comparable(spec.get("devices") or []) != _comparable([_with_taints(d, taints) for d in chunk]):
                 return False
         return len(generations) == 1
 
-    def _slice(self, name: str, devices: list[Device], generation: int, count: int) -> dict[str, Any]:
+    def _slice(
+        self,
+        name: str,
+        devices: list[Device],
+        generation: int,
+        count: int,
+        taints: Mapping[str, list[dict[str, str]]],
+    ) -> dict[str, Any]:
         return {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceSlice",
@@ -153,7 +194,7 @@ class SlicePublisher:
                 "driver": self.driver_name,
                 "nodeName": self.node_name,
                 "pool": {"name": self.pool_name, "generation": generation, "resourceSliceCount": count},
-                "devices": [d.to_api() for d in devices],
+                "devices": [_with_taints(d, taints) for d in devices],
             },
         }
 

@@ -313,7 +313,13 @@ def test_monitors_rules_networkpolicy_pdb(helm):
         "DRADriverPrepareLatencyHigh",
         "DRADriverKubeAPIServerErrors",
         "DRADriverFatalBackgroundErrors",
+        "DRADeviceUnhealthyWhileAllocated",
+        "DRAPodSeesUnhealthyDevice",
     }
+    [device_alert] = [
+        r for g in rule["spec"]["groups"] for r in g["rules"] if r.get("alert") == "DRADeviceUnhealthyWhileAllocated"
+    ]
+    assert device_alert["for"] == "10m"  # prometheusRule.thresholds.unhealthyDeviceMinutes
     [np] = kinds["NetworkPolicy"]
     assert np["spec"]["policyTypes"] == ["Ingress", "Egress"]
     # As the kube-dra-exporter chart: only Prometheus pods of the exporter's own namespace (a peer
@@ -784,6 +790,8 @@ def test_plugin_daemonset_is_as_restricted_as_it_can_be(helm):
         "--kubelet-registrar-directory-path=/var/lib/kubelet/plugins_registry",
         "--metrics-port=8080",
         "--healthcheck-port=51515",
+        "--device-health=true",
+        "--unhealthy-device-taint=NoSchedule",
     ]
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"

@@ -99,7 +99,7 @@ def test_dashboard_rows_and_panels():
         else:
             assert current is not None, f"panel {panel['title']!r} is outside any row"
             rows[current].append(panel)
-    assert list(rows) == ["Driver operations", "Prepare latency", "Kubernetes API", "Cluster state"]
+    assert list(rows) == ["Driver operations", "Prepare latency", "Kubernetes API", "Cluster state", "Device health"]
     stats = {p["title"] for p in rows["Driver operations"] if p["type"] == "stat"}
     assert stats == {"Prepares", "Unprepares", "Errors", "Fatal errors"}
     latency = " ".join(t["expr"] for p in rows["Prepare latency"] for t in p["targets"])
@@ -112,6 +112,15 @@ def test_dashboard_rows_and_panels():
     for name in ("kube_resourcepool_devices", "kube_resourcepool_devices_allocated", "kube_resourceclaim_hourly_cost"):
         assert name in state
     assert "kube_resourceclaim_status_reserved_total" in state
+    health = " ".join(t["expr"] for p in rows["Device health"] for t in p["targets"])
+    for name in (
+        "otel_dra_plugin_device_health",
+        "kube_resourceslice_device_taint",
+        "kube_pod_resourceclaim_device_health",
+        "otel_dra_plugin_health_streams",
+        "kube_resourceclaim_status_allocated_device",
+    ):
+        assert name in health
     # Every panel and variable reads the data source chosen in the dashboard.
     for panel in _panels(dash["panels"]):
         if panel["type"] != "row":

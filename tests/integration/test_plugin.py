@@ -124,7 +124,12 @@ def test_registration_slices_and_health(start, kubelet, dirs, node, admin_client
     app = start(node, healthcheck_port=0)
     info = kubelet.get_info()
     assert (info.type, info.name, info.endpoint) == ("DRAPlugin", DRIVER, str(dirs.dra_socket))
-    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert list(info.supported_versions) == [
+        "v1.DRAPlugin",
+        "v1beta1.DRAPlugin",
+        "v1.DRAResourceHealth",
+        "v1alpha1.DRAResourceHealth",
+    ]
     assert not app.server.registered.is_set()
     kubelet.notify(True)
     assert app.server.registered.is_set()
@@ -244,7 +249,7 @@ def test_prepare_and_unprepare(start, kubelet, dirs, node, namespace, admin_clie
     (device,) = entry.devices
     assert list(device.request_names) == ["gpu"]
     assert (device.pool_name, device.device_name) == (node, "gpu-1")
-    assert list(device.cdi_device_ids) == [f"k8s.{DRIVER}/gpu=common", f"k8s.{DRIVER}/gpu={uid}-gpu-1"]
+    assert list(device.cdi_device_ids) == [f"k8s.{DRIVER}/gpu={uid}-gpu-1", f"k8s.{DRIVER}/gpu=common"]
 
     spec = json.loads(dirs.cdi_spec(uid).read_text())
     assert spec["kind"] == f"k8s.{DRIVER}/gpu"
@@ -262,10 +267,9 @@ def test_prepare_and_unprepare(start, kubelet, dirs, node, namespace, admin_clie
     spans = _spans(app)
     (rpc,) = [s for s in spans if s.kind == SpanKind.SERVER]
     assert rpc.name == PREPARE
-    assert rpc.attributes["rpc.system"] == "grpc"
-    assert rpc.attributes["rpc.service"] == "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
-    assert rpc.attributes["rpc.method"] == "NodePrepareResources"
-    assert rpc.attributes["rpc.grpc.status_code"] == 0
+    assert rpc.attributes["rpc.system.name"] == "grpc"
+    assert rpc.attributes["rpc.method"] == "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
+    assert rpc.attributes["rpc.response.status_code"] == "OK"
     (claim_span,) = _children(spans, rpc)
     assert claim_span.name == "prepare claim"
     assert claim_span.attributes["k8s.namespace.name"] == namespace

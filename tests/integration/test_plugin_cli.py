@@ -169,7 +169,11 @@ def test_cli_traces_to_otlp_with_incoming_traceparent(testbed, admin_client, dir
         assert resource["service.name"] == "plugin-under-test"
         assert rpc.parent_span_id.hex() == caller_span  # joined the caller's trace
         assert rpc.kind == rpc.SPAN_KIND_SERVER
-        assert _attrs(rpc)["rpc.system"] == "grpc" and _attrs(rpc)["rpc.method"] == "NodePrepareResources"
+        # RPC semantic conventions after v1.37.0 by default (OTEL_SEMCONV_STABILITY_OPT_IN unset).
+        assert _attrs(rpc)["rpc.system.name"] == "grpc"
+        assert _attrs(rpc)["rpc.method"] == "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
+        assert _attrs(rpc)["rpc.response.status_code"] == "OK"
+        assert "rpc.system" not in _attrs(rpc) and "rpc.grpc.status_code" not in _attrs(rpc)
         _, claim_span = by_name["prepare claim"]
         assert claim_span.parent_span_id == rpc.span_id
         assert _attrs(claim_span)["dra.claim.uid"] == uid and _attrs(claim_span)["dra.devices"] == ["gpu-0"]

@@ -12,6 +12,7 @@ that runs against a real library.
 
 from __future__ import annotations
 
+import queue
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -54,6 +55,9 @@ class FakeGpu:
     mig_enabled: bool = False
     # (gpu instance id, compute instance id, profile id) of each MIG device, by slot
     mig_devices: list[tuple[int, int, int] | None] = field(default_factory=list)
+    # Health: the event types NVML supports for it (0: NotSupported), and a GPU fallen off the bus.
+    supported_events: int = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError | 0x1
+    lost: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,10 @@ class FakeNvml:
         self.gpus = gpus
         self.init_error = init_error
         self.initialised = False
+        self.init_count = 0
         self.calls: list[str] = []
+        self.events: queue.Queue[Any] = queue.Queue()
+        self.registered: dict[int, int] = {}  # id(gpu) -> event mask registered
 
     def _call(self, name: str) -> None:
         self.calls.append(name)
@@ -82,11 +89,13 @@ class FakeNvml:
         self._call("nvmlInit")
         if self.init_error is not None:
             raise nvml_error(self.init_error)
+        self.init_count += 1  # NVML counts init/shutdown pairs
         self.initialised = True
 
     def nvmlShutdown(self) -> None:
         self._call("nvmlShutdown")
-        self.initialised = False
+        self.init_count = max(0, self.init_count - 1)
+        self.initialised = self.init_count > 0
 
     def nvmlSystemGetDriverVersion(self) -> str:
         self._call("nvmlSystemGetDriverVersion")
@@ -118,6 +127,8 @@ class FakeNvml:
 
     def nvmlDeviceGetMemoryInfo(self, h: FakeGpu) -> Any:
         self._call("nvmlDeviceGetMemoryInfo")
+        if h.lost:
+            raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
         return SimpleNamespace(total=h.memory, free=h.memory - 2**29, used=2**29)
 
     def nvmlDeviceGetCudaComputeCapability(self, h: FakeGpu) -> tuple[int, int]:
@@ -200,3 +211,42 @@ class FakeNvml:
         entry = h.gpu.mig_devices[h.slot]
         assert entry is not None
         return entry[1]
+
+    # --- events (health), as nvmlEventSetWait_v2 hands them out -------------------------------------
+    def nvmlEventSetCreate(self) -> object:
+        self._call("nvmlEventSetCreate")
+        return object()
+
+    def nvmlEventSetFree(self, event_set: object) -> None:
+        self._call("nvmlEventSetFree")
+
+    def nvmlDeviceGetSupportedEventTypes(self, h: FakeGpu) -> int:
+        self._call("nvmlDeviceGetSupportedEventTypes")
+        if not h.supported_events:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return h.supported_events
+
+    def nvmlDeviceRegisterEvents(self, h: FakeGpu, event_types: int, event_set: object) -> None:
+        self._call("nvmlDeviceRegisterEvents")
+        if event_types & ~h.supported_events:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        self.registered[id(h)] = event_types
+
+    def nvmlEventSetWait_v2(self, event_set: object, timeout_ms: int) -> Any:
+        self._call("nvmlEventSetWait_v2")
+        try:
+            item = self.events.get(timeout=timeout_ms / 1000)
+        except queue.Empty:
+            raise nvml_error(pynvml.NVML_ERROR_TIMEOUT) from None
+        if isinstance(item, pynvml.NVMLError):
+            raise item
+        return item
+
+    def inject(self, gpu: FakeGpu, event_type: int, data: int = 0, gi: int = 0xFFFFFFFF, ci: int = 0xFFFFFFFF) -> None:
+        """An event as NVML reports it (pynvml's c_nvmlEventData_t fields), for a registered type."""
+        if self.registered.get(id(gpu), 0) & event_type:
+            self.events.put(
+                SimpleNamespace(
+                    device=gpu, eventType=event_type, eventData=data, gpuInstanceId=gi, computeInstanceId=ci
+                )
+            )

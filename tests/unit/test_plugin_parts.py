@@ -169,7 +169,7 @@ def test_cdi_specs(tmp_path):
         {"name": "uid-1-gpu-3", "containerEdits": {"env": ["GPU_DEVICE_3=gpu-3"]}},
         {"name": "uid-1-gpu-0-mig-1-0", "containerEdits": {"env": ["GPU_DEVICE_0_MIG_1_0=gpu-0-mig-1-0"]}},
     ]
-    assert cdi.device_ids("uid-1", "gpu-3") == ["k8s.gpu.example.com/gpu=common", "k8s.gpu.example.com/gpu=uid-1-gpu-3"]
+    assert cdi.device_ids("uid-1", "gpu-3") == ["k8s.gpu.example.com/gpu=uid-1-gpu-3", "k8s.gpu.example.com/gpu=common"]
     assert sorted(p.name for p in (tmp_path / "cdi").iterdir()) == [
         "k8s.gpu.example.com-gpu_common.json",
         "k8s.gpu.example.com-gpu_uid-1.json",
@@ -390,6 +390,8 @@ def test_metrics_exposition_matches_upstream_names():
             assert samples[(f"dra_example_driver_{op}_claims_total", (("result", result),))] == 0
     assert samples[("dra_example_driver_fatal_background_errors_total", ())] == 0
     assert "duration" not in text and "rest_client" not in text
+    for op in ("prepare", "unprepare"):  # ours, next to upstream's: in flight at 0 from the start
+        assert samples[("otel_dra_plugin_requests_in_flight", (("operation", op),))] == 0
 
     metrics.prepared(True, 0.0042)
     metrics.prepared(False, 0.3)
@@ -405,7 +407,11 @@ def test_metrics_exposition_matches_upstream_names():
     assert samples[("dra_example_driver_fatal_background_errors_total", ())] == 1
     h = "dra_example_driver_prepare_claim_duration_seconds"
     les = [lab["le"] for n, lab, _ in parse_samples(text) if n == h + "_bucket" and lab["result"] == "success"]
-    assert les == ["0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "10.0", "+Inf"]
+    # Upstream's buckets, then 30, 60 and 120 s (a reset or a passthrough can take a minute).
+    assert les == [
+        *("0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "10.0"),
+        *("30.0", "60.0", "120.0", "+Inf"),
+    ]
     assert samples[(h + "_bucket", (("le", "0.005"), ("result", "success")))] == 1
     assert samples[(h + "_bucket", (("le", "0.25"), ("result", "error")))] == 0
     assert samples[(h + "_count", (("result", "error"),))] == 1
@@ -420,6 +426,8 @@ def test_metrics_exposition_matches_upstream_names():
         if line.startswith("# HELP "):
             _, _, name, help_text = line.split(" ", 3)
             # Upstream's stability levels: the driver's families BETA, client-go's rest_client ALPHA.
+            if name.startswith("otel_dra_plugin_"):
+                continue  # ours
             assert help_text.startswith("[ALPHA] " if name.startswith("rest_client_") else "[BETA] "), line
     assert (
         "# HELP dra_example_driver_prepare_claim_duration_seconds [BETA] Latency in seconds of resource claim "

@@ -184,3 +184,52 @@ def test_committed_stubs_match_protos(tmp_path):
     assert sorted(fresh) == sorted(committed), "stub files differ from proto/: run `make protos`"
     for name, content in fresh.items():
         assert committed[name] == content, f"{name} is out of date: run `make protos`"
+
+
+HEALTH_MESSAGES: dict[str, dict[str, tuple[int, int, str, str | None]]] = {
+    "NodeWatchResourcesRequest": {},
+    "DeviceIdentifier": {"pool_name": (1, STRING, OPTIONAL, None), "device_name": (2, STRING, OPTIONAL, None)},
+    "DeviceHealth": {
+        "device": (1, MESSAGE, OPTIONAL, "DeviceIdentifier"),
+        "health": (2, FieldDescriptor.TYPE_ENUM, OPTIONAL, None),
+        "last_updated_time": (3, FieldDescriptor.TYPE_INT64, OPTIONAL, None),
+        "health_check_timeout_seconds": (4, FieldDescriptor.TYPE_INT64, OPTIONAL, None),
+        "message": (5, STRING, OPTIONAL, None),
+    },
+    "NodeWatchResourcesResponse": {"devices": (1, MESSAGE, REPEATED, "DeviceHealth")},
+}
+
+
+@pytest.mark.parametrize("version", ["v1", "v1alpha1"])
+def test_dra_health_wire_contract(version):
+    """k8s.io/kubelet/pkg/apis/dra-health/<version>/api.proto of v1.37.2: gRPC package "v1" or
+    "v1alpha1" (the names the kubelet looks for in the registration: v1.DRAResourceHealth ...)."""
+    import importlib
+
+    module = importlib.import_module(f"otel_dra._generated.drahealth.{version}.api_pb2")
+    stubs = importlib.import_module(f"otel_dra._generated.drahealth.{version}.api_pb2_grpc")
+    _check_messages(module.DESCRIPTOR, version, HEALTH_MESSAGES)
+    status = module.DESCRIPTOR.enum_types_by_name["HealthStatus"]
+    assert {v.name: v.number for v in status.values} == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
+    assert module.DESCRIPTOR.message_types_by_name["DeviceHealth"].fields_by_name["health"].enum_type is status
+    service = module.DESCRIPTOR.services_by_name["DRAResourceHealth"]
+    assert service.full_name == f"{version}.DRAResourceHealth"
+    [method] = service.methods
+    assert (method.name, method.input_type.name, method.output_type.name) == (
+        "NodeWatchResources",
+        "NodeWatchResourcesRequest",
+        "NodeWatchResourcesResponse",
+    )
+    assert (method.client_streaming, method.server_streaming) == (False, True)
+
+    class Recorder:
+        paths: list[str] = []
+
+        def unary_stream(self, path: str, *args: object, **kwargs: object) -> None:
+            self.paths.append(path)
+
+    channel = Recorder()
+    stubs.DRAResourceHealthStub(channel)
+    assert channel.paths == [f"/{version}.DRAResourceHealth/NodeWatchResources"]
+    wire = module.DeviceHealth(device=module.DeviceIdentifier(pool_name="p", device_name="d"), health=2)
+    assert wire.SerializeToString() == b"\x0a\x06\x0a\x01p\x12\x01d\x10\x02"

@@ -1,0 +1,1 @@
+"""Generated from proto/ by `make protos`; do not edit."""

@@ -1,0 +1,225 @@
+"""Device health end to end on the real node (issue 14, "done when"): the kubelet reads the
+plugin's DRAResourceHealth stream and writes it into the pod's allocatedResourcesStatus; a sick
+device is tainted in the ResourceSlice, the real scheduler stops allocating it, the exporter
+reports the taint and the pod's device health; all of it recovers; the kubelet logs no
+health-related error for our plugin.
+
+The simulated devices are made sick the documented way: a file ``<plugins>/<driver>/health/<device>``.
+Marked ``node``; run it under ``flock /tmp/otel-dra-node.flock``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from otel_dra.kube.client import KubeClient, load_credentials
+from otel_dra.testbed import Testbed
+from otel_dra.testbed.node import Node, restart_kubelet
+from tests.helpers import parse_samples, scrape, wait_until
+from tests.integration import test_node
+from tests.integration.test_node import (
+    DRIVER,
+    NAMESPACE,
+    HostPlugin,
+    _claim_pod,
+    _delete_and_check_unprepared,
+    _generated_claim,
+    _kubelet_log_size,
+    _node_slices,
+    _start_plugin,
+    _wait_running,
+)
+
+# test_node's fixtures, for this module: its own node testbed (module scope), the plugins it starts.
+node_support = test_node.node_support
+node_testbed = test_node.node_testbed
+host_plugin = test_node.host_plugin
+
+pytestmark = [
+    pytest.mark.node,
+    pytest.mark.testbed,
+    pytest.mark.kubernetes(min="1.36", reason="ResourceHealthStatus is beta and on from 1.36"),
+]
+
+TAINT_KEY = f"{DRIVER}/unhealthy"
+SICK = "unhealthy: XID 79 (simulated): GPU has fallen off the bus"
+# What the kubelet logs at error level (klog "E<mmdd>") about health streams and its health cache.
+# The messages of pkg/kubelet/cm/dra (manager.go, healthinfo.go, plugin/) in v1.37.2; not just
+# "health": pod names like health-b are in unrelated errors (cgroup reads of a starting pod).
+_HEALTH_ERROR = re.compile(
+    r"^E\d{4} .*(WatchResources|health info|health checkpoint|health update|[Hh]ealth stream|dra-healthinfo)", re.M
+)
+
+
+def _resources_status(client: KubeClient, pod: str, container: str = "with-gpu") -> list[dict[str, Any]]:
+    status = client.get_json(f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}")["status"]
+    for c in status.get("containerStatuses") or []:
+        if c["name"] == container:
+            return list(c.get("allocatedResourcesStatus") or [])
+    return []
+
+
+def _device_health(client: KubeClient, pod: str) -> tuple[str, str] | None:
+    """(health, message) of the one device of the pod's claim "gpu", as the kubelet wrote it."""
+    entries = [e for e in _resources_status(client, pod) if e["name"] == "claim:gpu"]
+    if len(entries) != 1 or len(entries[0].get("resources") or []) != 1:
+        return None
+    [resource] = entries[0]["resources"]
+    return resource["health"], resource.get("message", "")
+
+
+def _taints(client: KubeClient, node: Node) -> dict[str, list[tuple[str, str, str]]]:
+    out: dict[str, list[tuple[str, str, str]]] = {}
+    for s in _node_slices(client, node):
+        for d in s["spec"].get("devices") or []:
+            if d.get("taints"):
+                out[d["name"]] = [(t["key"], t.get("value", ""), t["effect"]) for t in d["taints"]]
+    return out
+
+
+def _health_file(node: Node, device: str) -> Path:
+    return node.plugins_dir / DRIVER / "health" / device
+
+
+def _series(port: int, name: str) -> list[dict[str, str]]:
+    code, text = scrape(port)
+    assert code == 200
+    return [labels for n, labels, value in parse_samples(text) if n == name and value == 1]
+
+
+def test_device_health_reaches_the_pod_taints_the_slice_and_recovers(
+    node_testbed: tuple[Testbed, Node], host_plugin: list[HostPlugin], tmp_path: Path, start_exporter_app: Any
+) -> None:
+    testbed, node = node_testbed
+    client = KubeClient(load_credentials(str(testbed.kubeconfig)))
+    offset = _kubelet_log_size(node)
+    plugin = _start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log")
+    exporter = start_exporter_app(str(testbed.kubeconfig))
+    started = time.monotonic()
+
+    _claim_pod(client, "health-a")
+    _wait_running(client, "health-a", node)
+    claim = _generated_claim(client, "health-a")
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    used = result["device"]
+    [free] = {"gpu-0", "gpu-1"} - {used}
+    wait_until(lambda: _device_health(client, "health-a") == ("Healthy", ""), timeout=60, what="Healthy in pod status")
+    [entry] = [e for e in _resources_status(client, "health-a") if e["name"] == "claim:gpu"]
+    # The kubelet names the device by its first CDI ID: the claim's own one for that device.
+    assert entry["resources"][0]["resourceID"] == f"k8s.{DRIVER}/gpu={claim['metadata']['uid']}-{used}"
+    healthy_after = time.monotonic() - started
+
+    # Both devices sick: the one in use, and the free one.
+    sick_at = time.monotonic()
+    _health_file(node, used).write_text(SICK + "\n")
+    _health_file(node, free).write_text("")
+    message = SICK.removeprefix("unhealthy: ")
+    wait_until(
+        lambda: _device_health(client, "health-a") == ("Unhealthy", message), timeout=30, what="Unhealthy in pod status"
+    )
+    unhealthy_after = time.monotonic() - sick_at
+    wait_until(
+        lambda: (
+            _taints(client, node)
+            == {used: [(TAINT_KEY, "simulated", "NoSchedule")], free: [(TAINT_KEY, "simulated", "NoSchedule")]}
+        ),
+        timeout=30,
+        what="both devices tainted",
+    )
+    wait_until(
+        lambda: (
+            {
+                (s["device_name"], s["key"], s["effect"])
+                for s in _series(exporter.port, "kube_resourceslice_device_taint")
+            }
+            >= {(used, TAINT_KEY, "NoSchedule"), (free, TAINT_KEY, "NoSchedule")}
+        ),
+        timeout=30,
+        what="the exporter's kube_resourceslice_device_taint",
+    )
+
+    # A new claim: the only free device is tainted, so the real scheduler allocates nothing.
+    _claim_pod(client, "health-b")
+    time.sleep(5)
+    pod_b = client.get_json(f"/api/v1/namespaces/{NAMESPACE}/pods/health-b")
+    assert pod_b["status"].get("phase") == "Pending"
+    scheduled = {c["type"]: c for c in pod_b["status"].get("conditions") or []}.get("PodScheduled", {})
+    assert scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable", pod_b["status"]
+    claims_b = client.get_json(f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims")["items"]
+    [claim_b] = [c for c in claims_b if c["metadata"]["name"].startswith("health-b")]
+    assert not (claim_b.get("status") or {}).get("allocation")
+
+    # Recovery: the files go, the pod reads Healthy again, the taints go, the waiting pod gets the device.
+    recover_at = time.monotonic()
+    _health_file(node, used).unlink()
+    _health_file(node, free).unlink()
+    wait_until(lambda: _device_health(client, "health-a") == ("Healthy", ""), timeout=30, what="Healthy again")
+    recovered_after = time.monotonic() - recover_at
+    wait_until(lambda: _taints(client, node) == {}, timeout=30, what="taints removed")
+    _wait_running(client, "health-b", node)
+    assert _generated_claim(client, "health-b")["status"]["allocation"]["devices"]["results"][0]["device"] == free
+    wait_until(lambda: _device_health(client, "health-b") == ("Healthy", ""), timeout=60, what="health-b Healthy")
+    wait_until(
+        lambda: not [s for s in _series(exporter.port, "kube_resourceslice_device_taint") if s["key"] == TAINT_KEY],
+        timeout=30,
+        what="the exporter's taint series gone",
+    )
+
+    for pod in ("health-a", "health-b"):
+        _delete_and_check_unprepared(client, node, pod, _generated_claim(client, pod))
+    plugin.kill()  # a clean stop ends the stream with EOF
+    time.sleep(6)  # the kubelet retries a stream 5 s after it ended
+    with node.kubelet_log.open("rb") as log:
+        log.seek(offset)
+        kubelet_log = log.read().decode(errors="replace")
+    assert "Successfully started WatchResources health stream" in kubelet_log  # -v=2
+    errors = _HEALTH_ERROR.findall(kubelet_log)
+    assert not errors, "\n".join(line for line in kubelet_log.splitlines() if _HEALTH_ERROR.match(line))
+    print(
+        f"\nHealthy in pod status {healthy_after:.1f}s after the pod's creation; Unhealthy {unhealthy_after:.1f}s "
+        f"after the file was written; Healthy again {recovered_after:.1f}s after it was removed"
+    )
+
+
+def test_a_restarted_kubelet_watches_health_again(
+    node_testbed: tuple[Testbed, Node], host_plugin: list[HostPlugin], tmp_path: Path
+) -> None:
+    """The plugin keeps its stream state across a kubelet restart: the new kubelet opens a new
+    stream by itself, and a device made sick afterwards reaches the pod as before."""
+    testbed, node = node_testbed
+    client = KubeClient(load_credentials(str(testbed.kubeconfig)))
+    plugin = _start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log")
+    _claim_pod(client, "restart-a")
+    _wait_running(client, "restart-a", node)
+    [result] = _generated_claim(client, "restart-a")["status"]["allocation"]["devices"]["results"]
+    wait_until(lambda: _device_health(client, "restart-a") == ("Healthy", ""), timeout=60, what="Healthy")
+    offset = _kubelet_log_size(node)
+    restart_kubelet(testbed, node.name, progress=lambda _: None)
+
+    def stream_again() -> bool:
+        with node.kubelet_log.open("rb") as log:
+            log.seek(offset)
+            return "Successfully started WatchResources health stream" in log.read().decode(errors="replace")
+
+    wait_until(stream_again, timeout=60, what="the restarted kubelet's health stream")
+    _health_file(node, result["device"]).write_text("unhealthy: after the restart\n")
+    wait_until(
+        lambda: _device_health(client, "restart-a") == ("Unhealthy", "after the restart"),
+        timeout=30,
+        what="Unhealthy after the kubelet restart",
+    )
+    _health_file(node, result["device"]).unlink()
+    wait_until(lambda: _device_health(client, "restart-a") == ("Healthy", ""), timeout=30, what="Healthy again")
+    _delete_and_check_unprepared(client, node, "restart-a", _generated_claim(client, "restart-a"))
+    plugin.kill()
+    with node.kubelet_log.open("rb") as log:
+        log.seek(offset)
+        kubelet_log = log.read().decode(errors="replace")
+    assert not _HEALTH_ERROR.findall(kubelet_log), "\n".join(
+        line for line in kubelet_log.splitlines() if _HEALTH_ERROR.match(line)
+    )
