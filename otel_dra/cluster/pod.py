@@ -89,6 +89,9 @@ class DeviceHealth:
     pool: str
     device: str
     health: str  # one of HEALTH_STATES
+    # The kubelet's resourceID where it is a CDI device ID; "" where it is driver/pool/device (not
+    # kept twice: a pod's strings are most of the exporter's memory at 10^5 pods).
+    resource_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +131,25 @@ def _claim_refs(spec: dict[str, Any], status: dict[str, Any]) -> tuple[ClaimRef,
     return tuple(refs)
 
 
+def _device_of(resource_id: str) -> tuple[str, str, str] | None:
+    """(driver, pool, device) of a kubelet resourceID; empty for a CDI device ID; None if neither.
+
+    The kubelet (1.36+, pkg/kubelet/cm/dra buildResourceHealth) names a device by the first CDI
+    device ID its driver returned for it, and only by ``<driver>/<pool>/<device>`` when the driver
+    returned none. Most drivers (ours, NVIDIA's) return CDI IDs, and a CDI name says nothing
+    certain about the device: such an entry keeps its claim and request (which join
+    kube_resourceclaim_status_allocated_device) and the ID itself as ``resource_id``.
+    """
+    parts = resource_id.split("/")
+    if len(parts) == 3 and all(parts):
+        return parts[0], parts[1], parts[2]
+    if len(parts) == 2 and parts[0]:
+        kind, eq, cdi_name = parts[1].partition("=")
+        if kind and eq and cdi_name:
+            return "", "", ""
+    return None
+
+
 def _device_health(
     status: dict[str, Any], claims: tuple[ClaimRef, ...], report: Callable[[str], None]
 ) -> tuple[DeviceHealth, ...]:
@@ -145,10 +167,11 @@ def _device_health(
             claim, _, request = name.removeprefix(_CLAIM_PREFIX).partition("/")
             for item in _list(resource.get("resources")):
                 resource_id = _text(item.get("resourceID")) if isinstance(item, dict) else ""
-                parts = resource_id.split("/")
-                if len(parts) != 3 or not all(parts):
+                parts = _device_of(resource_id)
+                if parts is None:
                     report(
-                        f"allocatedResourcesStatus {name}: resourceID {resource_id!r} is not <driver>/<pool>/<device>"
+                        f"allocatedResourcesStatus {name}: resourceID {resource_id!r} is neither "
+                        "<driver>/<pool>/<device> nor a CDI device ID <vendor>/<class>=<name>"
                     )
                     continue
                 health = _text(item.get("health")) or "Unknown"
@@ -157,7 +180,18 @@ def _device_health(
                     health = "Unknown"
                 driver, pool, device = parts
                 owner = _text(container.get("name"))
-                out.append(DeviceHealth(owner, resolved.get(claim, claim), request, driver, pool, device, health))
+                out.append(
+                    DeviceHealth(
+                        owner,
+                        resolved.get(claim, claim),
+                        request,
+                        driver,
+                        pool,
+                        device,
+                        health,
+                        "" if driver else resource_id,
+                    )
+                )
     return tuple(out)
 
 
@@ -207,7 +241,10 @@ def _health(p: Pod) -> Iterable[Sample]:
     # for series that are 0. A device listed twice for one container is one series.
     seen: dict[tuple[str, ...], None] = {}
     for d in p.health:
-        labels = (p.namespace, p.name, p.uid, d.container, d.resourceclaim, d.request, d.driver, d.pool, d.device)
+        labels = (
+            *(p.namespace, p.name, p.uid, d.container, d.resourceclaim, d.request),
+            *(d.driver, d.pool, d.device, d.resource_id or f"{d.driver}/{d.pool}/{d.device}"),
+        )
         if labels not in seen:
             seen[labels] = None
             yield (*labels, d.health), 1.0
@@ -241,6 +278,7 @@ STATE_FAMILIES: tuple[Family[Pod], ...] = (
             "driver",
             "pool",
             "device_name",
+            "resource_id",
             "health",
         ),
         _health,

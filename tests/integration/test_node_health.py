@@ -142,6 +142,20 @@ def test_device_health_reaches_the_pod_taints_the_slice_and_recovers(
         timeout=30,
         what="the exporter's kube_resourceslice_device_taint",
     )
+    # The kubelet's view, as the exporter reads it from pod status: named by the CDI ID, joined by claim.
+    cdi_id = f"k8s.{DRIVER}/gpu={claim['metadata']['uid']}-{used}"
+    wait_until(
+        lambda: (
+            [
+                (s["resourceclaim_name"], s["resource_id"], s["health"], s["device_name"])
+                for s in _series(exporter.port, "kube_pod_resourceclaim_device_health")
+                if s["pod"] == "health-a"
+            ]
+            == [(claim["metadata"]["name"], cdi_id, "Unhealthy", "")]
+        ),
+        timeout=30,
+        what="the exporter's kube_pod_resourceclaim_device_health Unhealthy",
+    )
 
     # A new claim: the only free device is tainted, so the real scheduler allocates nothing.
     _claim_pod(client, "health-b")

@@ -85,6 +85,15 @@ def test_device_health_joins_claim_and_device() -> None:
                             },
                             {"name": "nvidia.com/gpu", "resources": [{"resourceID": "GPU-abc", "health": "Healthy"}]},
                             {"name": "claim:scheduler-made-claim", "resources": [{"resourceID": "d/p/x"}]},
+                            # A driver that returns CDI device IDs: the kubelet names the device by
+                            # the first one (v1.37 buildResourceHealth).
+                            {
+                                "name": "claim:gpu",
+                                "resources": [
+                                    {"resourceID": "k8s.gpu.example.com/gpu=8d1f-gpu-3", "health": "Unhealthy"},
+                                    {"resourceID": "not a device", "health": "Healthy"},
+                                ],
+                            },
                         ],
                     }
                 ],
@@ -97,19 +106,35 @@ def test_device_health_joins_claim_and_device() -> None:
         DeviceHealth("c", "trainer-gpu-abc", "dev", "gpu.example.com", "node-1", "gpu-1", "Unhealthy"),
         # An extended-resource claim is named by the ResourceClaim itself; no health yet: Unknown.
         DeviceHealth("c", "scheduler-made-claim", "", "d", "p", "x", "Unknown"),
+        DeviceHealth("c", "trainer-gpu-abc", "", "", "", "", "Unhealthy", "k8s.gpu.example.com/gpu=8d1f-gpu-3"),
     )
     health = _samples(parsed)["kube_pod_resourceclaim_device_health"]
     unhealthy = [labels for labels, value in health if value == 1.0 and labels[-1] == "Unhealthy"]
     assert unhealthy == [
-        ("ml", "trainer", "u-1", "c", "trainer-gpu-abc", "dev", "gpu.example.com", "node-1", "gpu-1", "Unhealthy")
+        (
+            *("ml", "trainer", "u-1", "c", "trainer-gpu-abc", "dev"),
+            *("gpu.example.com", "node-1", "gpu-1", "gpu.example.com/node-1/gpu-1", "Unhealthy"),
+        ),
+        (
+            *("ml", "trainer", "u-1", "c", "trainer-gpu-abc", ""),
+            "",
+            "",
+            "",
+            "k8s.gpu.example.com/gpu=8d1f-gpu-3",
+            "Unhealthy",
+        ),
     ]
     # One series per device, its current health as the label: no zero-valued series.
-    assert [(labels[-2], labels[-1], value) for labels, value in health] == [
+    assert [(labels[-3], labels[-1], value) for labels, value in health] == [
         ("gpu-0", "Healthy", 1.0),
         ("gpu-1", "Unhealthy", 1.0),
         ("x", "Unknown", 1.0),
+        ("", "Unhealthy", 1.0),
     ]
-    assert problems == []
+    assert problems == [
+        "allocatedResourcesStatus claim:gpu: resourceID 'not a device' is neither <driver>/<pool>/<device> "
+        "nor a CDI device ID <vendor>/<class>=<name>"
+    ]
 
 
 def test_a_slim_parser_keeps_only_the_fields_of_the_served_families() -> None:
@@ -165,7 +190,7 @@ def test_a_pod_without_dra_keeps_nothing_and_bad_fields_are_reported() -> None:
     )
     assert odd.claims == (ClaimRef("ok", "", ""),)
     assert odd.health == (DeviceHealth("d", "ok", "", "a", "b", "c", "Unknown"),)
-    assert len(problems) == 2 and "'a/b' is not <driver>/<pool>/<device>" in problems[0] and "'Sick'" in problems[1]
+    assert len(problems) == 2 and "'a/b' is neither <driver>/<pool>/<device>" in problems[0] and "'Sick'" in problems[1]
 
 
 def _pods_of_every_shape() -> list[dict[str, Any]]:
