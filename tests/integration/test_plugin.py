@@ -248,7 +248,14 @@ def test_prepare_and_unprepare(start, kubelet, dirs, node, namespace, admin_clie
 
     spec = json.loads(dirs.cdi_spec(uid).read_text())
     assert spec["kind"] == f"k8s.{DRIVER}/gpu"
-    assert spec["devices"] == [{"name": f"{uid}-gpu-1", "containerEdits": {"env": ["GPU_DEVICE_1=gpu-1"]}}]
+    env = [
+        f"GPU_DEVICE_GPU_1_RESOURCE_CLAIM={uid}",
+        "DRA_ADMIN_ACCESS=false",
+        "GPU_DEVICE_1=gpu-1",
+        "GPU_DEVICE_1_SHARING_STRATEGY=TimeSlicing",  # upstream's default GpuConfig
+        "GPU_DEVICE_1_TIMESLICE_INTERVAL=Default",
+    ]
+    assert spec["devices"] == [{"name": f"{uid}-gpu-1", "containerEdits": {"env": env}}]
     common = json.loads((dirs.cdi / f"k8s.{DRIVER}-gpu_common.json").read_text())
     assert f"KUBERNETES_NODE_NAME={node}" in common["devices"][0]["containerEdits"]["env"]
     assert read_checkpoint(dirs)[uid]["devices"][0]["device_name"] == "gpu-1"
@@ -311,6 +318,75 @@ def test_prepare_and_unprepare(start, kubelet, dirs, node, namespace, admin_clie
     # Unprepare is idempotent too.
     assert kubelet.unprepare([ref(claim)], version="v1beta1").claims[uid].error == ""
     assert metric(port, "dra_example_driver_unprepare_claims_total", result="success") == 2
+
+
+def _opaque(parameters: dict[str, Any], requests: list[str], source: str = "FromClaim") -> dict[str, Any]:
+    return {"source": source, "requests": requests, "opaque": {"driver": DRIVER, "parameters": parameters}}
+
+
+def test_prepare_honours_the_claim_device_config(start, kubelet, dirs, node, namespace, admin_client):
+    """Opaque GpuConfig entries as the API server stores them in the allocation (the class's, then
+    the claim's), admin access, and a malformed config that fails only its own claim."""
+    start(node, resync=3600)
+    # Admin access is allowed only in namespaces labelled for it.
+    admin_ns = f"{namespace}-admin"
+    ensure_namespace(admin_client, admin_ns, {"resource.kubernetes.io/admin-access": "true"})
+    requests = [
+        {"name": "gpu", "exactly": {"deviceClassName": DRIVER}},
+        {"name": "admin", "exactly": {"deviceClassName": DRIVER, "adminAccess": True}},
+    ]
+    gpu = "gpu.resource.example.com/v1alpha1"
+    long = {
+        "apiVersion": gpu,
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+    }
+    parts = {
+        "apiVersion": gpu,
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "SpacePartitioning", "spacePartitioningConfig": {"partitionCount": 4}},
+    }
+    configured = make_claim(
+        admin_client,
+        admin_ns,
+        f"cfg-{node}",
+        [result(node, "gpu-0"), {**result(node, "gpu-1", request="admin"), "adminAccess": True}],
+        config=[_opaque(long, [], source="FromClass"), _opaque(parts, ["admin"])],
+        requests=requests,
+    )
+    broken = make_claim(
+        admin_client,
+        namespace,
+        f"bad-{node}",
+        [result(node, "gpu-2")],
+        config=[_opaque({"apiVersion": gpu, "kind": "GpuConfig", "sharing": {"strategy": "Sometimes"}}, [])],
+    )
+    uid, bad_uid = configured["metadata"]["uid"], broken["metadata"]["uid"]
+    response = kubelet.prepare([ref(configured), ref(broken)])
+    assert response.claims[uid].error == ""
+    assert response.claims[bad_uid].error == (
+        f"prepare claim {namespace}/bad-{node} (uid {bad_uid}): ResourceClaim {namespace}/bad-{node}: "
+        "config[0] (FromClaim): unknown GPU sharing strategy: 'Sometimes' (one of TimeSlicing, SpacePartitioning)"
+    )
+    assert not dirs.cdi_spec(bad_uid).exists() and bad_uid not in read_checkpoint(dirs)
+    spec = json.loads(dirs.cdi_spec(uid).read_text())
+    assert {d["name"]: d["containerEdits"]["env"] for d in spec["devices"]} == {
+        f"{uid}-gpu-0": [
+            f"GPU_DEVICE_GPU_0_RESOURCE_CLAIM={uid}",
+            "DRA_ADMIN_ACCESS=false",
+            "GPU_DEVICE_0=gpu-0",
+            "GPU_DEVICE_0_SHARING_STRATEGY=TimeSlicing",
+            "GPU_DEVICE_0_TIMESLICE_INTERVAL=Long",
+        ],
+        f"{uid}-gpu-1": [
+            f"GPU_DEVICE_GPU_1_RESOURCE_CLAIM={uid}",
+            "DRA_ADMIN_ACCESS=true",
+            "GPU_DEVICE_1=gpu-1",
+            "GPU_DEVICE_1_SHARING_STRATEGY=SpacePartitioning",
+            "GPU_DEVICE_1_PARTITION_COUNT=4",
+        ],
+    }
+    assert kubelet.unprepare([ref(configured)]).claims[uid].error == ""
 
 
 def _assert_error_span(app: PluginApp, uid: str, error_type: str) -> None:

@@ -19,6 +19,8 @@ from otel_dra.kube.client import ApiError, Credentials, KubeClient, RequestRecor
 from otel_dra.plugin import nvml as nvml_discovery
 from otel_dra.plugin.cdi import CdiWriter
 from otel_dra.plugin.checkpoint import Checkpoint, CheckpointError, PreparedClaim, PreparedDevice
+from otel_dra.plugin.config import DEFAULT, configs_by_request, device_env, parse_gpu_config
+from otel_dra.plugin.config import ConfigError as GpuConfigError
 from otel_dra.plugin.devices import Device, semver, simulated_devices
 from otel_dra.plugin.metrics import PluginMetrics
 from otel_dra.plugin.server import AlreadyRunning, PluginStartError, SocketLock, check_socket_path
@@ -162,12 +164,26 @@ def test_cdi_specs(tmp_path):
             "containerEdits": {"env": ["KUBERNETES_NODE_NAME=node-a", "DRA_RESOURCE_DRIVER_NAME=gpu.example.com"]},
         }
     ]
-    path = cdi.write_claim("uid-1", ["gpu-3", "gpu-0-mig-1-0"])
+    path = cdi.write_claim(
+        "uid-1", [("gpu-3", device_env("uid-1", "gpu-3", False, DEFAULT)), ("gpu-0-mig-1-0", ["A=1"])]
+    )
     assert path.name == "k8s.gpu.example.com-gpu_uid-1.json"
     devices = json.loads(path.read_text())["devices"]
     assert devices == [
-        {"name": "uid-1-gpu-3", "containerEdits": {"env": ["GPU_DEVICE_3=gpu-3"]}},
-        {"name": "uid-1-gpu-0-mig-1-0", "containerEdits": {"env": ["GPU_DEVICE_0_MIG_1_0=gpu-0-mig-1-0"]}},
+        {
+            "name": "uid-1-gpu-3",
+            "containerEdits": {
+                "env": [
+                    # dra-example-driver's variables, names and values exactly (its e2e tests read them)
+                    "GPU_DEVICE_GPU_3_RESOURCE_CLAIM=uid-1",
+                    "DRA_ADMIN_ACCESS=false",
+                    "GPU_DEVICE_3=gpu-3",
+                    "GPU_DEVICE_3_SHARING_STRATEGY=TimeSlicing",
+                    "GPU_DEVICE_3_TIMESLICE_INTERVAL=Default",
+                ]
+            },
+        },
+        {"name": "uid-1-gpu-0-mig-1-0", "containerEdits": {"env": ["A=1"]}},
     ]
     assert cdi.device_ids("uid-1", "gpu-3") == ["k8s.gpu.example.com/gpu=common", "k8s.gpu.example.com/gpu=uid-1-gpu-3"]
     assert sorted(p.name for p in (tmp_path / "cdi").iterdir()) == [
@@ -177,6 +193,142 @@ def test_cdi_specs(tmp_path):
     assert cdi.remove_claim("uid-1") is True
     assert cdi.remove_claim("uid-1") is False
     assert not path.exists()
+
+
+# --- opaque device configuration (GpuConfig) ------------------------------------------------------
+
+
+def _gpu_config(sharing=None, **extra):
+    params = {"apiVersion": "gpu.resource.example.com/v1alpha1", "kind": "GpuConfig", **extra}
+    if sharing is not None:
+        params["sharing"] = sharing
+    return params
+
+
+def _entry(params, requests=(), source="FromClaim", driver="gpu.example.com"):
+    return {"source": source, "requests": list(requests), "opaque": {"driver": driver, "parameters": params}}
+
+
+@pytest.mark.parametrize(
+    "params, env",
+    [
+        (_gpu_config(), ["GPU_DEVICE_0_SHARING_STRATEGY=TimeSlicing", "GPU_DEVICE_0_TIMESLICE_INTERVAL=Default"]),
+        (
+            _gpu_config({"strategy": "TimeSlicing"}),
+            ["GPU_DEVICE_0_SHARING_STRATEGY=TimeSlicing", "GPU_DEVICE_0_TIMESLICE_INTERVAL=Default"],
+        ),
+        (
+            _gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}),
+            ["GPU_DEVICE_0_SHARING_STRATEGY=TimeSlicing", "GPU_DEVICE_0_TIMESLICE_INTERVAL=Long"],
+        ),
+        (
+            _gpu_config({"strategy": "SpacePartitioning"}),
+            ["GPU_DEVICE_0_SHARING_STRATEGY=SpacePartitioning", "GPU_DEVICE_0_PARTITION_COUNT=1"],
+        ),
+        (
+            _gpu_config({"strategy": "SpacePartitioning", "spacePartitioningConfig": {"partitionCount": 10}}),
+            ["GPU_DEVICE_0_SHARING_STRATEGY=SpacePartitioning", "GPU_DEVICE_0_PARTITION_COUNT=10"],
+        ),
+    ],
+)
+def test_gpu_config_normalized_like_upstream(params, env):
+    assert parse_gpu_config(params).env("gpu-0") == ["GPU_DEVICE_0=gpu-0", *env]
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ("text", "must be a JSON object"),
+        ({"kind": "GpuConfig"}, "decodes only gpu.resource.example.com/v1alpha1/GpuConfig"),
+        ({**_gpu_config(), "kind": "NetConfig"}, "'NetConfig'"),
+        (_gpu_config(mode="x"), "unknown field(s) in GpuConfig: mode"),
+        (_gpu_config({"strategy": "Sometimes"}), "unknown GPU sharing strategy: 'Sometimes'"),
+        (_gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Eon"}}), "time-slice interval"),
+        (_gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {}}), "unknown time-slice interval: ''"),
+        (
+            _gpu_config({"strategy": "TimeSlicing", "spacePartitioningConfig": {"partitionCount": 2}}),
+            "cannot use spacePartitioningConfig with the 'TimeSlicing' strategy",
+        ),
+        (
+            _gpu_config({"strategy": "SpacePartitioning", "spacePartitioningConfig": {"partitionCount": -1}}),
+            "invalid partition count: -1",
+        ),
+        (
+            _gpu_config({"strategy": "SpacePartitioning", "spacePartitioningConfig": {"partitionCount": "2"}}),
+            "partitionCount must be an integer",
+        ),
+    ],
+)
+def test_malformed_gpu_config_is_refused_clearly(params, message):
+    with pytest.raises(GpuConfigError) as err:
+        parse_gpu_config(params)
+    assert message in str(err.value)
+
+
+def test_configs_by_request_follow_upstream_precedence():
+    long = _gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})
+    short = _gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}})
+    parts = _gpu_config({"strategy": "SpacePartitioning"})
+    entries = [
+        _entry(long, requests=["a"]),  # the claim's: wins over the class's for "a"
+        _entry(short, source="FromClass"),  # the class's, for every request
+        _entry("not even an object", driver="other.example.com"),  # another driver's: skipped, not parsed
+        _entry(parts, requests=["c"]),
+    ]
+    got = configs_by_request(entries, "gpu.example.com", ["a", "b", "c"])
+    assert {r: (c.strategy, c.interval) for r, c in got.items() if r != "c"} == {
+        "a": ("TimeSlicing", "Long"),
+        "b": ("TimeSlicing", "Short"),
+    }
+    assert got["c"].strategy == "SpacePartitioning"
+    assert configs_by_request(None, "gpu.example.com", ["a"]) == {"a": DEFAULT}
+    with pytest.raises(GpuConfigError, match="only opaque parameters"):
+        configs_by_request([{"source": "FromClaim", "requests": []}], "gpu.example.com", ["a"])
+    with pytest.raises(GpuConfigError, match="invalid config source"):
+        configs_by_request([{**_entry(long), "source": "FromElsewhere"}], "gpu.example.com", ["a"])
+    with pytest.raises(GpuConfigError, match=r"config\[0\] \(FromClaim\): unknown GPU sharing strategy"):
+        configs_by_request([_entry(_gpu_config({"strategy": "x"}))], "gpu.example.com", ["a"])
+
+
+def test_prepare_applies_the_claim_config_and_admin_access(tmp_path):
+    """The claim's GpuConfig and adminAccess reach the CDI spec and the checkpoint; a lost spec is
+    written again the same from the checkpoint; a malformed config fails that claim alone."""
+    from otel_dra.plugin.driver import ClaimRef
+
+    driver = _driver(tmp_path)
+    client = driver.client
+    client.claim = json.loads(json.dumps(client.claim))
+    devices = client.claim["status"]["allocation"]["devices"]
+    devices["results"][0]["adminAccess"] = True
+    devices["config"] = [_entry(_gpu_config({"strategy": "SpacePartitioning"}), requests=["r"])]
+    [device] = driver.prepare([ClaimRef("ns", "u1", "c")])["u1"].devices
+    expected = [
+        "GPU_DEVICE_GPU_0_RESOURCE_CLAIM=u1",
+        "DRA_ADMIN_ACCESS=true",
+        "GPU_DEVICE_0=gpu-0",
+        "GPU_DEVICE_0_SHARING_STRATEGY=SpacePartitioning",
+        "GPU_DEVICE_0_PARTITION_COUNT=1",
+    ]
+    spec = driver.cdi.claim_spec_path("u1")
+    assert json.loads(spec.read_text())["devices"][0]["containerEdits"]["env"] == expected
+    assert list(device.container_env) == expected
+    spec.unlink()
+    devices["config"] = []  # not read again: the checkpoint answers
+    driver.prepare([ClaimRef("ns", "u1", "c")])
+    assert json.loads(spec.read_text())["devices"][0]["containerEdits"]["env"] == expected
+
+    (tmp_path / "second").mkdir()
+    driver = _driver(tmp_path / "second")
+    driver.client.claim = json.loads(json.dumps(client.claim))
+    driver.client.claim["status"]["allocation"]["devices"]["config"] = [
+        _entry(_gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Eon"}}))
+    ]
+    error = driver.prepare([ClaimRef("ns", "u1", "c")])["u1"].error
+    assert error == (
+        "prepare claim ns/c (uid u1): ResourceClaim ns/c: config[0] (FromClaim): unknown time-slice interval: "
+        "'Eon' (one of Default, Short, Medium, Long)"
+    )
+    assert not driver.cdi.claim_spec_path("u1").exists() and driver.checkpoint.get("u1") is None
 
 
 # --- checkpoint ----------------------------------------------------------------------------------
