@@ -3,6 +3,7 @@ way the kubelet calls it (registration, NodePrepareResources, NodeUnprepareResou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import socket
@@ -25,6 +26,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_dra.cli.plugin import PluginApp, start_plugin
+from otel_dra.kube.client import ApiError, KubeClient, load_credentials
+from otel_dra.kubeletsim.nodes import ensure_node
 from otel_dra.plugin.devices import simulated_devices
 from otel_dra.plugin.nvml import DiscoveryError
 from otel_dra.plugin.server import AlreadyRunning
@@ -154,6 +157,46 @@ def test_registration_slices_and_health(start, kubelet, dirs, node, admin_client
         assert answer.status == health_pb2.HealthCheckResponse.NOT_SERVING
     assert not dirs.dra_socket.exists() and not dirs.registration_socket.exists()
     assert _spans(app) == []  # health probes (empty requests) make no traces
+
+
+def test_slices_are_owned_by_the_node_and_go_with_it(testbed_sched, dirs, node):
+    """The owner reference to the Node (as upstream's: v1 Node, name, UID, controller) lets the real
+    garbage collector of kube-controller-manager delete the slices with the Node. Without a Node the
+    slices are published unowned, and get the owner once the Node exists."""
+    admin = KubeClient(load_credentials(str(testbed_sched.kubeconfig)))
+    app = start_plugin(
+        node_name=node,
+        kubeconfig=str(testbed_sched.kubeconfig),
+        plugins_dir=dirs.plugins,
+        registrar_dir=dirs.registry,
+        cdi_root=dirs.cdi,
+        num_devices=130,  # two slices, both owned
+        resync=3600,  # only the test's triggers reconcile
+    )
+    try:
+        wait_until(lambda: len(own_slices(admin, node)) == 2, what="slices published without a Node")
+        assert all("ownerReferences" not in s["metadata"] for s in own_slices(admin, node))
+        ensure_node(admin, node)
+        uid = admin.get_json(f"/api/v1/nodes/{node}")["metadata"]["uid"]
+        owner = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid, "controller": True}
+        app.publisher.trigger()
+        wait_until(
+            lambda: [s["metadata"].get("ownerReferences") for s in own_slices(admin, node)] == [[owner]] * 2,
+            what="slices owned by the Node",
+        )
+        assert app.publisher.sync() is False  # owned and unchanged: nothing to write
+        started = time.monotonic()
+        admin.request("DELETE", f"/api/v1/nodes/{node}")
+        wait_until(lambda: own_slices(admin, node) == [], timeout=60, what="the garbage collector to delete the slices")
+        collected = time.monotonic() - started
+        # The plugin runs on: its next reconcile publishes again, unowned while there is no Node.
+        assert app.publisher.sync() is True
+        assert all("ownerReferences" not in s["metadata"] for s in own_slices(admin, node))
+        print(f"\nslices deleted by the garbage collector {collected:.1f}s after the Node")
+    finally:
+        app.stop(remove_slices=True)
+        with contextlib.suppress(ApiError):
+            admin.request("DELETE", f"/api/v1/nodes/{node}")
 
 
 def test_slices_republished_on_change_and_cleaned_up(start, node, admin_client):
@@ -584,8 +627,10 @@ def test_chart_role_is_enough(testbed, helm, dirs, kubelet, node, namespace, adm
         ("resourceslices", "create"),
         ("resourceslices", "update"),
         ("resourceslices", "delete"),
+        ("nodes", "get"),
     }
     testbed.kubectl("apply", "-f", "-", input=plugin_rbac(rules))
+    ensure_node(admin_client, node)  # so that the owner lookup (get nodes) is exercised too
     token = testbed.mint_token("plugin-rbac", "dra-plugin")
     kubeconfig = testbed.write_kubeconfig(testbed.dir / "dra-plugin.kubeconfig", token)
     app = start_plugin(
@@ -600,6 +645,8 @@ def test_chart_role_is_enough(testbed, helm, dirs, kubelet, node, namespace, adm
     )
     try:
         wait_until(lambda: len(own_slices(admin_client, node)) == 2, what="slices published with least privilege")
+        node_uid = admin_client.get_json(f"/api/v1/nodes/{node}")["metadata"]["uid"]
+        assert {s["metadata"]["ownerReferences"][0]["uid"] for s in own_slices(admin_client, node)} == {node_uid}
         assert app.publisher.sync() is False  # list works; nothing to write
         claim = make_claim(admin_client, namespace, f"rbac-{node}", [result(node, "gpu-129")])
         uid = claim["metadata"]["uid"]
@@ -608,6 +655,7 @@ def test_chart_role_is_enough(testbed, helm, dirs, kubelet, node, namespace, adm
         assert metric(app.metrics_port, "rest_client_requests_total", code="403", method="GET") is None
     finally:
         app.stop(remove_slices=True)
+        admin_client.request("DELETE", f"/api/v1/nodes/{node}")
     assert own_slices(admin_client, node) == []
 
 
