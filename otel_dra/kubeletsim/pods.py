@@ -5,9 +5,12 @@ What the kubelet does for DRA, in the order it does it:
 1. A pod is bound to the node. Its claims are the ``resourceClaimName`` entries of
    ``spec.resourceClaims`` and, for templates, the names the claim controller recorded in
    ``status.resourceClaimStatuses``. Each claim must be allocated and reserved for the pod.
-2. For each driver named in the claims' allocation results, one NodePrepareResources call with all
-   of the pod's claims for that driver. Any per-claim error leaves the pod Pending and is retried
-   with backoff. Once all succeed the pod is reported Running.
+2. For each driver named in the claims' allocation results, one NodePrepareResources call with the
+   pod's claims for that driver that are not prepared on the node yet: a claim shared with a pod
+   that already runs there, or one that succeeded in an earlier, partly failed attempt, is not sent
+   again (the kubelet's claim info cache, pkg/kubelet/cm/dra/manager.go: "Resources already
+   prepared"). Any per-claim error leaves the pod Pending and is retried with backoff. Once all
+   succeed the pod is reported Running.
 3. When the pod is being deleted: NodeUnprepareResources for its claims (a claim shared with another
    pod on the node stays prepared), the pod is removed from each claim's ``reservedFor``, and the
    deletion is finished (grace period 0), as a kubelet does once the containers are gone.
@@ -111,6 +114,8 @@ class PodSync:
         self._lock = threading.Lock()
         self._pods: dict[str, dict[str, Any]] = {}
         self._prepared: dict[str, _Prepared] = {}
+        # Node -> UIDs of the claims prepared there (answered without error, not unprepared since).
+        self._ready: dict[str, set[str]] = {node: set() for node in self.watchers}
         self._finished: set[str] = set()  # pods whose deletion we completed; events may still come
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._queued: set[str] = set()
@@ -371,8 +376,12 @@ class PodSync:
         return errors
 
     def _prepare(self, node: str, pod: dict[str, Any], claims: list[ClaimRef]) -> None:
-        for driver, group in self._by_driver(claims).items():
+        with self._lock:
+            ready = set(self._ready[node])
+        for driver, group in self._by_driver(c for c in claims if c.uid not in ready).items():
             errors = self._call(node, driver, "NodePrepareResources", group)
+            with self._lock:
+                self._ready[node].update(c.uid for c in group if c.uid not in errors)
             if errors:
                 names = {c.uid: c.name for c in group}
                 raise Retry("; ".join(f"prepare of claim {names[u]} failed: {e}" for u, e in errors.items()))
@@ -383,6 +392,8 @@ class PodSync:
         claims = [c for c in prepared.claims if c.uid not in in_use]
         for driver, group in self._by_driver(claims).items():
             errors = self._call(prepared.node, driver, "NodeUnprepareResources", group)
+            with self._lock:
+                self._ready[prepared.node].difference_update(c.uid for c in group if c.uid not in errors)
             if errors:
                 names = {c.uid: c.name for c in group}
                 raise Retry("; ".join(f"unprepare of claim {names[u]} failed: {e}" for u, e in errors.items()))
