@@ -60,6 +60,7 @@ DEVICES = "dra.devices"
 RESULT = "dra.result"
 CACHED = "dra.claim.cached"
 CDI_SPEC = "dra.cdi.spec_file"
+CDI_DEVICE_IDS = "dra.cdi.device_ids"
 
 CLAIM_URL_TEMPLATE = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
 
@@ -204,6 +205,11 @@ class Driver:
             else:
                 span.set_attribute(RESULT, "success")
                 span.set_attribute(DEVICES, [d.device_name for d in devices])
+                if operation == "prepare":
+                    # What the kubelet hands to the runtime: which CDI edits a container gets.
+                    span.set_attribute(
+                        CDI_DEVICE_IDS, list(dict.fromkeys(i for d in devices for i in d.cdi_device_ids))
+                    )
                 result = ClaimResult(devices=devices)
                 log.debug("%s claim %s: %s", operation, ref, ", ".join(d.device_name for d in devices) or "-")
         record(result.ok, watch.elapsed())
