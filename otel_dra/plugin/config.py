@@ -19,9 +19,15 @@ device ``gpu-0`` of claim ``U`` without a config::
     GPU_DEVICE_0_SHARING_STRATEGY=TimeSlicing
     GPU_DEVICE_0_TIMESLICE_INTERVAL=Default
 
-(``GPU_DEVICE_<n>_PARTITION_COUNT`` instead of the interval for ``SpacePartitioning``). Upstream
-really spells the claim variable with the whole device name (``GPU_0``) and the others with the
-name after ``gpu-``.
+(``GPU_DEVICE_<n>_PARTITION_COUNT`` instead of the interval for ``SpacePartitioning``, and
+``GPU_DEVICE_<n>_MEMORY`` / ``_COMPUTE`` when the allocation consumed that capacity). Upstream
+(v0.4.0, cmd/dra-example-kubeletplugin/cdi.go and internal/profiles/gpu/gpu.go) really spells the
+claim variable with the whole device name (``GPU_0``) and the others with the name after ``gpu-``,
+and ``DRA_ADMIN_ACCESS`` is the claim's: true on every device once any result has admin access.
+
+One deliberate difference: upstream's decoder drops unknown fields silently (its "strict" option
+only rejects duplicate keys), so a misspelt ``timeSlicingConfig`` quietly gives the default; here an
+unknown field fails the prepare and names the field.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ DEFAULT_PARTITION_COUNT = 1
 
 SOURCES = ("FromClass", "FromClaim")
 
-_NON_WORD = re.compile(r"[^A-Za-z0-9_]")  # Go's \W, as upstream's nonWord
+_NON_WORD = re.compile(r"[^a-zA-Z0-9]+")  # upstream's nonWord (cdi.go)
 
 
 class ConfigError(ValueError):
@@ -60,14 +66,19 @@ class GpuConfig:
     interval: str = DEFAULT_INTERVAL  # TimeSlicing
     partition_count: int = DEFAULT_PARTITION_COUNT  # SpacePartitioning
 
-    def env(self, device_name: str) -> list[str]:
-        """Upstream's per-device variables (applyGpuConfig): the device, its strategy and setting."""
+    def env(self, device_name: str, consumed: Mapping[str, str] | None = None) -> list[str]:
+        """Upstream's per-device variables (applyGpuConfig): the device, its strategy and setting,
+        and the capacity the allocation consumed (``consumedCapacity``, quantities as the API
+        server wrote them: its canonical form, as Go's Quantity.String())."""
         n = env_id(device_name)
         env = [f"GPU_DEVICE_{n}={device_name}", f"GPU_DEVICE_{n}_SHARING_STRATEGY={self.strategy}"]
         if self.strategy == TIME_SLICING:
             env.append(f"GPU_DEVICE_{n}_TIMESLICE_INTERVAL={self.interval}")
         else:
             env.append(f"GPU_DEVICE_{n}_PARTITION_COUNT={self.partition_count}")
+        for key in ("memory", "compute"):
+            if consumed and key in consumed:
+                env.append(f"GPU_DEVICE_{n}_{key.upper()}={consumed[key]}")
         return env
 
 
@@ -75,17 +86,24 @@ DEFAULT = GpuConfig()
 
 
 def env_id(device_name: str) -> str:
-    """``gpu-3`` -> ``3``, ``gpu-0-mig-1`` -> ``0_MIG_1``: the name after ``gpu-``, as a variable name."""
-    return _NON_WORD.sub("_", device_name.removeprefix("gpu-")).upper()
+    """``gpu-3`` -> ``3``, ``gpu-0-mig-1`` -> ``0_MIG_1``: upstream's envVarSafeID of the name after
+    ``gpu-`` (dashes to underscores, upper case)."""
+    return device_name.removeprefix("gpu-").replace("-", "_").upper()
 
 
-def device_env(claim_uid: str, device_name: str, admin_access: bool, config: GpuConfig) -> list[str]:
+def device_env(
+    claim_uid: str,
+    device_name: str,
+    admin_access: bool,
+    config: GpuConfig,
+    consumed: Mapping[str, str] | None = None,
+) -> list[str]:
     """All variables of one prepared device, in upstream's order (CreateClaimSpecFile, then the config's)."""
     key = _NON_WORD.sub("_", device_name).upper()
     return [
         f"GPU_DEVICE_{key}_RESOURCE_CLAIM={claim_uid}",
         f"DRA_ADMIN_ACCESS={'true' if admin_access else 'false'}",
-        *config.env(device_name),
+        *config.env(device_name, consumed),
     ]
 
 

@@ -254,9 +254,15 @@ class Driver:
                 )
             except ConfigError as exc:
                 raise ClaimError("InvalidConfig", f"ResourceClaim {ref.namespace}/{ref.name}: {exc}") from exc
+            # As upstream: admin access is the claim's (any result of any driver), for every device.
+            admin = any(
+                isinstance(r, dict) and r.get("adminAccess") is True
+                for r in claim["status"]["allocation"]["devices"]["results"]
+            )
             edits: dict[str, list[str]] = {}  # one CDI device per device, even if two requests got it
             for r in results:
-                edits.setdefault(r["device"], device_env(ref.uid, r["device"], r["admin"], configs[r["request"]]))
+                env = device_env(ref.uid, r["device"], admin, configs[r["request"]], r["consumed"])
+                edits.setdefault(r["device"], env)
             self._write_cdi(ref, list(edits.items()))
             devices = tuple(
                 PreparedDevice(
@@ -334,7 +340,7 @@ class Driver:
                         "request": str(r["request"]),
                         "pool": str(r["pool"]),
                         "device": str(r["device"]),
-                        "admin": r.get("adminAccess") is True,  # DRA_ADMIN_ACCESS, as upstream
+                        "consumed": _quantities(r.get("consumedCapacity")),
                     }
                 )
         except (KeyError, TypeError) as exc:
@@ -380,6 +386,15 @@ class Driver:
                 except OSError as exc:
                     raise ClaimError("CheckpointWriteFailed", f"cannot write the checkpoint: {exc}") from exc
             return entry.devices
+
+
+def _quantities(value: Any) -> dict[str, str]:
+    """``consumedCapacity`` (name -> quantity) as strings; anything else is malformed."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, (str, int, float)) for v in value.values()):
+        raise TypeError(f"consumedCapacity is not a map of quantities: {value!r}")
+    return {str(k): str(v) for k, v in value.items()}
 
 
 class _Stopwatch:

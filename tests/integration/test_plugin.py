@@ -416,7 +416,7 @@ def test_prepare_honours_the_claim_device_config(start, kubelet, dirs, node, nam
     assert {d["name"]: d["containerEdits"]["env"] for d in spec["devices"]} == {
         f"{uid}-gpu-0": [
             f"GPU_DEVICE_GPU_0_RESOURCE_CLAIM={uid}",
-            "DRA_ADMIN_ACCESS=false",
+            "DRA_ADMIN_ACCESS=true",  # the claim's, as upstream: one of its results has admin access
             "GPU_DEVICE_0=gpu-0",
             "GPU_DEVICE_0_SHARING_STRATEGY=TimeSlicing",
             "GPU_DEVICE_0_TIMESLICE_INTERVAL=Long",

@@ -299,7 +299,11 @@ def test_prepare_applies_the_claim_config_and_admin_access(tmp_path):
     client = driver.client
     client.claim = json.loads(json.dumps(client.claim))
     devices = client.claim["status"]["allocation"]["devices"]
-    devices["results"][0]["adminAccess"] = True
+    devices["results"][0]["consumedCapacity"] = {"memory": "10Gi", "other": "1"}
+    # Admin access is the claim's, as upstream: another driver's result with it counts too.
+    devices["results"].append(
+        {"request": "r", "driver": "x.example.com", "pool": "p", "device": "d", "adminAccess": True}
+    )
     devices["config"] = [_entry(_gpu_config({"strategy": "SpacePartitioning"}), requests=["r"])]
     [device] = driver.prepare([ClaimRef("ns", "u1", "c")])["u1"].devices
     expected = [
@@ -308,6 +312,7 @@ def test_prepare_applies_the_claim_config_and_admin_access(tmp_path):
         "GPU_DEVICE_0=gpu-0",
         "GPU_DEVICE_0_SHARING_STRATEGY=SpacePartitioning",
         "GPU_DEVICE_0_PARTITION_COUNT=1",
+        "GPU_DEVICE_0_MEMORY=10Gi",
     ]
     spec = driver.cdi.claim_spec_path("u1")
     assert json.loads(spec.read_text())["devices"][0]["containerEdits"]["env"] == expected
