@@ -177,7 +177,7 @@ def configs_by_request(allocation_config: Any, driver_name: str, requests: Seque
         if not isinstance(entry, Mapping):
             raise ConfigError(f"config[{i}] is not an object")
         source = entry.get("source")
-        if source not in by_source:
+        if not isinstance(source, str) or source not in by_source:  # found by the property test
             raise ConfigError(f"config[{i}]: invalid config source: {source!r}")
         by_source[source].append((i, entry))
     entries = [_Entry((), DEFAULT)]  # lowest precedence: every device has a config

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pynvml
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from otel_dra.cli import main
 from otel_dra.kube.client import ApiError, Credentials, KubeClient, RequestRecord, RetryPolicy
@@ -808,3 +810,34 @@ def test_plugin_bad_otel_env_and_credentials(monkeypatch, tmp_path, capsys):
     assert main(argv) == 2
     assert "OTEL_TRACES_SAMPLER='sometimes'" in capsys.readouterr().err
     assert not (tmp_path / "cdi").exists()  # failed before touching anything
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=12,
+)
+_keys = st.sampled_from(
+    ["source", "requests", "opaque", "driver", "parameters", "apiVersion", "kind", "sharing", "strategy",
+     "timeSlicingConfig", "spacePartitioningConfig", "interval", "partitionCount"]
+)  # fmt: skip
+_shaped = st.recursive(
+    _json | st.sampled_from(["FromClass", "FromClaim", "gpu.example.com", "TimeSlicing", "SpacePartitioning", "Long"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_keys, inner, max_size=4),
+    max_leaves=16,
+)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(config=_shaped)
+def test_any_allocation_config_gives_configs_or_a_clear_error(config):
+    """Whatever the config entries hold, the answer is a config per request or a ConfigError (which
+    fails the claim with its message), never another exception (which would be an Internal error)."""
+    try:
+        got = configs_by_request(config, "gpu.example.com", ["a", "b"])
+    except GpuConfigError as exc:
+        assert str(exc)
+    else:
+        assert set(got) == {"a", "b"}
+        for c in got.values():
+            c.env("gpu-0")
