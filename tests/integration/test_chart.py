@@ -823,6 +823,7 @@ def test_plugin_daemonset_is_as_restricted_as_it_can_be(helm):
             "verbs": ["list", "create", "update", "delete"],
         },
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},  # the Node's UID: slice owner
     ]
     [policy] = kinds["ValidatingAdmissionPolicy"]
     assert (
