@@ -366,6 +366,10 @@ def test_a_claim_pod_gets_exactly_its_devices_environment(
     device = result["device"]
     assert _cdi_spec(node, claim["metadata"]["uid"]).is_file()
     assert claim["metadata"]["uid"] in _checkpoint_uids(node)
+    # The slices are owned by the Node the kubelet registered (the garbage collector's link).
+    node_uid = client.get_json(f"/api/v1/nodes/{node.name}")["metadata"]["uid"]
+    owner = {"apiVersion": "v1", "kind": "Node", "name": node.name, "uid": node_uid, "controller": True}
+    assert [s["metadata"].get("ownerReferences") for s in _node_slices(client, node)] == [[owner]]
     with_gpu, without = _container_env(node, "gpu-pod", "with-gpu"), _container_env(node, "gpu-pod", "without")
     # The same pod, image and command: the only difference is what CDI injected for the claim.
     assert without <= with_gpu
