@@ -114,6 +114,10 @@ class PodSync:
         self._lock = threading.Lock()
         self._pods: dict[str, dict[str, Any]] = {}
         self._prepared: dict[str, _Prepared] = {}
+        # Pod UID -> the claims it references, recorded before they are prepared (the kubelet adds
+        # the pod to its claim info first): a claim stays prepared while any pod references it, and
+        # a pod deleted before its prepare succeeded still gets what it did prepare unprepared.
+        self._refs: dict[str, _Prepared] = {}
         # Node -> UIDs of the claims prepared there (answered without error, not unprepared since).
         self._ready: dict[str, set[str]] = {node: set() for node in self.watchers}
         self._finished: set[str] = set()  # pods whose deletion we completed; events may still come
@@ -251,11 +255,12 @@ class PodSync:
         with self._lock:
             pod = self._pods.get(uid)
             prepared = self._prepared.get(uid)
+            referenced = self._refs.get(uid)
             if uid in self._finished:
                 return  # an event that was already queued when we finished the deletion
         if pod is None:  # gone from the API (deleted by someone else): clean up what we prepared
-            if prepared is not None:
-                self._unprepare(uid, prepared)
+            if referenced is not None:
+                self._unprepare(uid, referenced)
                 self._done(uid)
             return
         meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
@@ -263,25 +268,27 @@ class PodSync:
         if node not in self.watchers:
             return
         if meta.get("deletionTimestamp"):
-            if prepared is None and status.get("phase") == "Running":
+            if referenced is None and status.get("phase") == "Running":
                 # Started before this emulator (re)started: find what to clean up from the API.
-                prepared = _Prepared(node, self._claims(pod, strict=False))
-            if prepared is not None:
-                self._unprepare(uid, prepared)
-            for ref in prepared.claims if prepared else ():
+                referenced = _Prepared(node, self._claims(pod, strict=False))
+            if referenced is not None:
+                self._unprepare(uid, referenced)
+            for ref in referenced.claims if referenced else ():
                 self._unreserve(ref, uid)
             self._finish_deletion(meta)
             self._done(uid, finished=True)
             return
         phase = status.get("phase")
         if phase in ("Succeeded", "Failed"):
-            if prepared is not None:
-                self._unprepare(uid, prepared)
+            if referenced is not None:
+                self._unprepare(uid, referenced)
                 self._done(uid)
             return
         if prepared is not None and phase == "Running":
             return
         claims = self._claims(pod)
+        with self._lock:
+            self._refs[uid] = _Prepared(node, claims)
         self._prepare(node, pod, claims)
         with self._lock:
             self._prepared[uid] = _Prepared(node, claims)
@@ -292,6 +299,7 @@ class PodSync:
         """Everything prepared for the pod is unprepared (only now: a failed step is retried)."""
         with self._lock:
             self._prepared.pop(uid, None)
+            self._refs.pop(uid, None)
             if finished:
                 self._finished.add(uid)
 
@@ -388,7 +396,9 @@ class PodSync:
 
     def _unprepare(self, uid: str, prepared: _Prepared) -> None:
         with self._lock:
-            in_use = {c.uid for other, p in self._prepared.items() if other != uid for c in p.claims}
+            in_use = {
+                c.uid for other, p in self._refs.items() if other != uid and p.node == prepared.node for c in p.claims
+            }
         claims = [c for c in prepared.claims if c.uid not in in_use]
         for driver, group in self._by_driver(claims).items():
             errors = self._call(prepared.node, driver, "NodeUnprepareResources", group)
