@@ -527,6 +527,67 @@ def test_slice_comparison_ignores_quantity_spelling():
     assert _comparable(ours) != _comparable(served)
 
 
+class _SliceApi:
+    """An API server's ResourceSlices and Nodes in memory, recording every request."""
+
+    host = "https://10.0.0.1:6443"
+
+    def __init__(self) -> None:
+        self.slices: dict[str, dict] = {}
+        self.nodes: dict[str, dict] = {}
+        self.requests: list[tuple[str, str]] = []
+
+    def get_json(self, path, query=None, **_):
+        self.requests.append(("GET", path))
+        if path.startswith("/api/v1/nodes/"):
+            node = self.nodes.get(path.rsplit("/", 1)[1])
+            if node is None:
+                raise ApiError(404, "not found")
+            return node
+        return {"items": [json.loads(json.dumps(s)) for s in self.slices.values()]}
+
+    def send_json(self, method, path, body, *args):
+        self.requests.append((method, path))
+        body = json.loads(json.dumps(body))
+        body["metadata"]["resourceVersion"] = "1"
+        self.slices[body["metadata"]["name"]] = body
+        return body
+
+    def request(self, method, path, **_):
+        self.requests.append((method, path))
+        self.slices.pop(path.rsplit("/", 1)[1], None)
+
+
+def test_slices_owned_by_the_node_and_the_lookup_only_when_writing(caplog):
+    from otel_dra.plugin.slices import SlicePublisher
+
+    api = _SliceApi()
+    publisher = SlicePublisher(
+        api, driver_name="gpu.example.com", node_name="node-a", discover=lambda: simulated_devices("node-a", 2)
+    )
+    # No Node: published unowned, one warning, the lookup repeated at each reconcile.
+    assert publisher.sync() is True
+    assert [s["metadata"].get("ownerReferences") for s in api.slices.values()] == [None]
+    assert publisher.sync() is False
+    assert publisher.sync() is False
+    assert api.requests.count(("GET", "/api/v1/nodes/node-a")) == 4  # 2 at the write, 1 per unchanged sync
+    assert sum("Node node-a does not exist" in r.getMessage() for r in caplog.records) == 1
+    # The Node appears: the slices are rewritten owned by it.
+    api.nodes["node-a"] = {"metadata": {"name": "node-a", "uid": "uid-1"}}
+    assert publisher.sync() is True
+    owner = {"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "uid-1", "controller": True}
+    assert [s["metadata"]["ownerReferences"] for s in api.slices.values()] == [[owner]]
+    # Unchanged resyncs cost one LIST and no Node lookup.
+    api.requests.clear()
+    assert publisher.sync() is False
+    assert api.requests == [("GET", "/apis/resource.k8s.io/v1/resourceslices")]
+    # Re-created Node (a new UID) after the collector deleted the slices: the new owner.
+    api.slices.clear()
+    api.nodes["node-a"] = {"metadata": {"name": "node-a", "uid": "uid-2"}}
+    assert publisher.sync() is True
+    assert [s["metadata"]["ownerReferences"][0]["uid"] for s in api.slices.values()] == ["uid-2"]
+
+
 # --- metrics -------------------------------------------------------------------------------------
 
 
