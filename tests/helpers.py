@@ -302,3 +302,50 @@ def exporter_starter(**defaults: Any) -> Iterator[Callable[..., Any]]:
     yield start
     for app in apps:
         app.stop()
+
+
+# The process_* families of client_python's (and client_golang's) process collector, as scraped.
+PROCESS_FAMILIES = {
+    "process_cpu_seconds_total": ("counter", "Total user and system CPU time spent in seconds."),
+    "process_resident_memory_bytes": ("gauge", "Resident memory size in bytes."),
+    "process_virtual_memory_bytes": ("gauge", "Virtual memory size in bytes."),
+    "process_open_fds": ("gauge", "Number of open file descriptors."),
+    "process_max_fds": ("gauge", "Maximum number of open file descriptors."),
+    "process_start_time_seconds": ("gauge", "Start time of the process since unix epoch in seconds."),
+}
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def check_process_metrics(scrape_text: Callable[[], str], pid: int) -> dict[str, float]:
+    """Scrape once and check the process_* families against /proc/<pid>: HELP and TYPE exactly,
+    values plausible (read from /proc around the scrape). Returns the values."""
+    cpu_before = proc_cpu_seconds(pid)
+    text = scrape_text()
+    cpu_after = proc_cpu_seconds(pid)
+    values = {n: v for n, labels, v in parse_samples(text) if n in PROCESS_FAMILIES and not labels}
+    assert set(values) == set(PROCESS_FAMILIES), sorted(values)
+    for name, (kind, help_text) in PROCESS_FAMILIES.items():
+        assert f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n{name} " in text, name
+    # CPU: ticks of 1/CLK_TCK s, read at the scrape, between what /proc said before and after it.
+    assert cpu_before - 0.011 <= values["process_cpu_seconds_total"] <= cpu_after + 0.011
+    pagesize = os.sysconf("SC_PAGE_SIZE")
+    size, resident = (int(x) * pagesize for x in Path(f"/proc/{pid}/statm").read_text().split()[:2])
+    assert abs(values["process_resident_memory_bytes"] - resident) <= max(0.25 * resident, 8 << 20)
+    assert abs(values["process_virtual_memory_bytes"] - size) <= max(0.1 * size, 32 << 20)
+    # The scrape itself holds a connection or two while it is answered.
+    assert abs(values["process_open_fds"] - len(os.listdir(f"/proc/{pid}/fd"))) <= 4
+    limits = Path(f"/proc/{pid}/limits").read_text().splitlines()
+    [soft] = [line.split()[3] for line in limits if line.startswith("Max open files")]
+    assert values["process_max_fds"] == float(soft)
+    btime = next(
+        int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime")
+    )
+    start_ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    started = btime + start_ticks / os.sysconf("SC_CLK_TCK")
+    assert abs(values["process_start_time_seconds"] - started) < 0.02
+    assert started <= time.time()
+    return values

@@ -8,9 +8,12 @@ API server, kube-scheduler and kube-controller-manager:
 - it discovers plugins in each node's registry directory (``registry``: GetInfo, then
   NotifyRegistrationStatus), as the kubelet's plugin watcher does;
 - it watches the pods bound to its nodes (``pods``): before "starting" a pod it calls
-  NodePrepareResources for the pod's claims and then reports the pod Running; when the pod is being
-  deleted it calls NodeUnprepareResources, removes the pod from the claims' ``reservedFor`` and
-  finishes the deletion.
+  NodePrepareResources for the pod's claims not yet prepared on the node and then reports the pod
+  Running; when the pod is being deleted it calls NodeUnprepareResources for the claims no other
+  pod there uses, removes the pod from the claims' ``reservedFor`` and finishes the deletion.
+
+tests/integration/test_node.py runs one pod scenario here and on a real kubelet and checks that the
+plugin gets the same calls from both.
 """
 
 from otel_dra.kubeletsim.nodes import ensure_node

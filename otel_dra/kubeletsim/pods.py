@@ -5,9 +5,12 @@ What the kubelet does for DRA, in the order it does it:
 1. A pod is bound to the node. Its claims are the ``resourceClaimName`` entries of
    ``spec.resourceClaims`` and, for templates, the names the claim controller recorded in
    ``status.resourceClaimStatuses``. Each claim must be allocated and reserved for the pod.
-2. For each driver named in the claims' allocation results, one NodePrepareResources call with all
-   of the pod's claims for that driver. Any per-claim error leaves the pod Pending and is retried
-   with backoff. Once all succeed the pod is reported Running.
+2. For each driver named in the claims' allocation results, one NodePrepareResources call with the
+   pod's claims for that driver that are not prepared on the node yet: a claim shared with a pod
+   that already runs there, or one that succeeded in an earlier, partly failed attempt, is not sent
+   again (the kubelet's claim info cache, pkg/kubelet/cm/dra/manager.go: "Resources already
+   prepared"). Any per-claim error leaves the pod Pending and is retried with backoff. Once all
+   succeed the pod is reported Running.
 3. When the pod is being deleted: NodeUnprepareResources for its claims (a claim shared with another
    pod on the node stays prepared), the pod is removed from each claim's ``reservedFor``, and the
    deletion is finished (grace period 0), as a kubelet does once the containers are gone.
@@ -111,6 +114,12 @@ class PodSync:
         self._lock = threading.Lock()
         self._pods: dict[str, dict[str, Any]] = {}
         self._prepared: dict[str, _Prepared] = {}
+        # Pod UID -> the claims it references, recorded before they are prepared (the kubelet adds
+        # the pod to its claim info first): a claim stays prepared while any pod references it, and
+        # a pod deleted before its prepare succeeded still gets what it did prepare unprepared.
+        self._refs: dict[str, _Prepared] = {}
+        # Node -> UIDs of the claims prepared there (answered without error, not unprepared since).
+        self._ready: dict[str, set[str]] = {node: set() for node in self.watchers}
         self._finished: set[str] = set()  # pods whose deletion we completed; events may still come
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._queued: set[str] = set()
@@ -246,11 +255,12 @@ class PodSync:
         with self._lock:
             pod = self._pods.get(uid)
             prepared = self._prepared.get(uid)
+            referenced = self._refs.get(uid)
             if uid in self._finished:
                 return  # an event that was already queued when we finished the deletion
         if pod is None:  # gone from the API (deleted by someone else): clean up what we prepared
-            if prepared is not None:
-                self._unprepare(uid, prepared)
+            if referenced is not None:
+                self._unprepare(uid, referenced)
                 self._done(uid)
             return
         meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
@@ -258,25 +268,27 @@ class PodSync:
         if node not in self.watchers:
             return
         if meta.get("deletionTimestamp"):
-            if prepared is None and status.get("phase") == "Running":
+            if referenced is None and status.get("phase") == "Running":
                 # Started before this emulator (re)started: find what to clean up from the API.
-                prepared = _Prepared(node, self._claims(pod, strict=False))
-            if prepared is not None:
-                self._unprepare(uid, prepared)
-            for ref in prepared.claims if prepared else ():
+                referenced = _Prepared(node, self._claims(pod, strict=False))
+            if referenced is not None:
+                self._unprepare(uid, referenced)
+            for ref in referenced.claims if referenced else ():
                 self._unreserve(ref, uid)
             self._finish_deletion(meta)
             self._done(uid, finished=True)
             return
         phase = status.get("phase")
         if phase in ("Succeeded", "Failed"):
-            if prepared is not None:
-                self._unprepare(uid, prepared)
+            if referenced is not None:
+                self._unprepare(uid, referenced)
                 self._done(uid)
             return
         if prepared is not None and phase == "Running":
             return
         claims = self._claims(pod)
+        with self._lock:
+            self._refs[uid] = _Prepared(node, claims)
         self._prepare(node, pod, claims)
         with self._lock:
             self._prepared[uid] = _Prepared(node, claims)
@@ -287,6 +299,7 @@ class PodSync:
         """Everything prepared for the pod is unprepared (only now: a failed step is retried)."""
         with self._lock:
             self._prepared.pop(uid, None)
+            self._refs.pop(uid, None)
             if finished:
                 self._finished.add(uid)
 
@@ -371,18 +384,26 @@ class PodSync:
         return errors
 
     def _prepare(self, node: str, pod: dict[str, Any], claims: list[ClaimRef]) -> None:
-        for driver, group in self._by_driver(claims).items():
+        with self._lock:
+            ready = set(self._ready[node])
+        for driver, group in self._by_driver(c for c in claims if c.uid not in ready).items():
             errors = self._call(node, driver, "NodePrepareResources", group)
+            with self._lock:
+                self._ready[node].update(c.uid for c in group if c.uid not in errors)
             if errors:
                 names = {c.uid: c.name for c in group}
                 raise Retry("; ".join(f"prepare of claim {names[u]} failed: {e}" for u, e in errors.items()))
 
     def _unprepare(self, uid: str, prepared: _Prepared) -> None:
         with self._lock:
-            in_use = {c.uid for other, p in self._prepared.items() if other != uid for c in p.claims}
+            in_use = {
+                c.uid for other, p in self._refs.items() if other != uid and p.node == prepared.node for c in p.claims
+            }
         claims = [c for c in prepared.claims if c.uid not in in_use]
         for driver, group in self._by_driver(claims).items():
             errors = self._call(prepared.node, driver, "NodeUnprepareResources", group)
+            with self._lock:
+                self._ready[prepared.node].difference_update(c.uid for c in group if c.uid not in errors)
             if errors:
                 names = {c.uid: c.name for c in group}
                 raise Retry("; ".join(f"unprepare of claim {names[u]} failed: {e}" for u, e in errors.items()))

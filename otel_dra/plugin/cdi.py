@@ -3,7 +3,9 @@
 As in dra-example-driver: vendor ``k8s.<driver>`` and class ``gpu`` make the kind
 ``k8s.<driver>/gpu``. One spec file holds the ``common`` device (node and driver name as
 environment variables) and each prepared claim gets a transient spec file of its own with devices
-``<claimUID>-<device>``. A container gets ``<kind>=common`` plus its claim's devices.
+``<claimUID>-<device>``. A container gets ``<kind>=common`` plus its claim's devices. What each
+claim device sets is computed by :mod:`otel_dra.plugin.config` (upstream's variables, from the
+claim's device configuration) and kept in the checkpoint, so a lost spec is rewritten the same.
 
 Claim specs are written atomically but not fsynced: they live under /var/run/cdi (tmpfs on
 nodes) and are derived from the checkpoint, which is durable; a prepare of a checkpointed claim
@@ -13,7 +15,6 @@ whose spec is missing writes it again.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -59,22 +60,15 @@ class CdiWriter:
         the common id first every device read ``...=common`` and a claim of two showed one."""
         return [f"{self.kind}={claim_uid}-{device_name}", f"{self.kind}={COMMON_DEVICE}"]
 
-    def write_claim(self, claim_uid: str, device_names: Sequence[str]) -> Path:
-        """The transient spec of one claim: each device exports ``GPU_DEVICE_<suffix>=<device>``
-        (``gpu-3`` -> ``GPU_DEVICE_3``), unique on the node, so a container with several claims
-        sees them all."""
-        devices = [
-            {"name": f"{claim_uid}-{name}", "containerEdits": {"env": [f"{env_name(name)}={name}"]}}
-            for name in device_names
-        ]
+    def write_claim(self, claim_uid: str, devices: Sequence[tuple[str, Sequence[str]]]) -> Path:
+        """The transient spec of one claim: one CDI device ``<claimUID>-<device>`` per ``(device name,
+        environment)``; the variable names are unique on the node, so a container with several
+        claims sees them all."""
+        spec_devices = [{"name": f"{claim_uid}-{name}", "containerEdits": {"env": list(env)}} for name, env in devices]
         path = self.claim_spec_path(claim_uid)
-        write_atomic(path, self._spec(devices), durable=False)
+        write_atomic(path, self._spec(spec_devices), durable=False)
         return path
 
     def remove_claim(self, claim_uid: str) -> bool:
         """Delete the claim's spec file; False when there was none (already unprepared)."""
         return remove_file(self.claim_spec_path(claim_uid))
-
-
-def env_name(device_name: str) -> str:
-    return "GPU_DEVICE_" + re.sub(r"[^A-Za-z0-9]", "_", device_name.removeprefix("gpu-")).upper()

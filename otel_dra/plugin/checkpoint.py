@@ -39,6 +39,10 @@ class PreparedDevice:
     pool_name: str
     device_name: str
     cdi_device_ids: tuple[str, ...]
+    # What the claim's CDI spec sets for the device (it depends on the claim's configuration, read
+    # only at the first prepare), so that a lost spec is written again the same. Empty in entries of
+    # older plugin versions: the driver then recomputes the defaults.
+    container_env: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,12 @@ class PreparedClaim:
             "namespace": self.namespace,
             "name": self.name,
             "devices": [
-                {**asdict(d), "request_names": list(d.request_names), "cdi_device_ids": list(d.cdi_device_ids)}
+                {
+                    **asdict(d),
+                    "request_names": list(d.request_names),
+                    "cdi_device_ids": list(d.cdi_device_ids),
+                    "container_env": list(d.container_env),
+                }
                 for d in self.devices
             ],
         }
@@ -69,6 +78,7 @@ class PreparedClaim:
                     pool_name=str(d["pool_name"]),
                     device_name=str(d["device_name"]),
                     cdi_device_ids=tuple(str(c) for c in d["cdi_device_ids"]),
+                    container_env=tuple(str(e) for e in d.get("container_env") or ()),
                 )
             )
         return cls(namespace=str(data["namespace"]), name=str(data["name"]), devices=tuple(devices))

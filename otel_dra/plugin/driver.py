@@ -3,8 +3,10 @@
 Prepare reads the ResourceClaim from the API server (the kubelet sends only namespace, name and
 UID), checks the UID, takes the allocation results for this driver and this node's pool, writes a
 CDI spec for the claim, records it in the checkpoint and returns the CDI device ids. Unprepare
-removes the spec and the checkpoint entry. Both are idempotent; failures are reported per claim
-(the kubelet retries those claims), never as a failed RPC.
+removes the spec and the checkpoint entry. What the spec sets for each device follows the claim's
+opaque device configuration and admin access as in dra-example-driver (:mod:`otel_dra.plugin.config`);
+an unusable configuration fails that claim's prepare with the reason. Both are idempotent; failures
+are reported per claim (the kubelet retries those claims), never as a failed RPC.
 
 Every claim is one span (a child of the RPC's span, see :mod:`otel_dra.plugin.server`) with
 children for reading the claim, writing the CDI spec and writing the checkpoint. Attribute names:
@@ -31,6 +33,7 @@ from otel_dra import __version__
 from otel_dra.kube.client import ApiError, KubeClient
 from otel_dra.plugin.cdi import CdiWriter
 from otel_dra.plugin.checkpoint import Checkpoint, CheckpointError, PreparedClaim, PreparedDevice
+from otel_dra.plugin.config import DEFAULT, ConfigError, configs_by_request, device_env
 from otel_dra.plugin.devices import Device
 from otel_dra.plugin.metrics import PluginMetrics
 
@@ -63,6 +66,7 @@ DEVICES = "dra.devices"
 RESULT = "dra.result"
 CACHED = "dra.claim.cached"
 CDI_SPEC = "dra.cdi.spec_file"
+CDI_DEVICE_IDS = "dra.cdi.device_ids"
 
 CLAIM_URL_TEMPLATE = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
 
@@ -208,6 +212,11 @@ class Driver:
             else:
                 span.set_attribute(RESULT, "success")
                 span.set_attribute(DEVICES, [d.device_name for d in devices])
+                if operation == "prepare":
+                    # What the kubelet hands to the runtime: which CDI edits a container gets.
+                    span.set_attribute(
+                        CDI_DEVICE_IDS, list(dict.fromkeys(i for d in devices for i in d.cdi_device_ids))
+                    )
                 result = ClaimResult(devices=devices)
                 log.debug("%s claim %s: %s", operation, ref, ", ".join(d.device_name for d in devices) or "-")
         record(result.ok, watch.elapsed())
@@ -230,7 +239,11 @@ class Driver:
                 # Prepared before (maybe by an earlier run of the plugin): same answer, no API call.
                 span.set_attribute(CACHED, True)
                 if not self.cdi.claim_spec_path(ref.uid).exists():
-                    self._write_cdi(ref, [d.device_name for d in cached.devices])
+                    known = {
+                        d.device_name: list(d.container_env) or device_env(ref.uid, d.device_name, False, DEFAULT)
+                        for d in cached.devices
+                    }
+                    self._write_cdi(ref, list(known.items()))
                 return cached.devices
             span.set_attribute(CACHED, False)
             claim = self._read_claim(ref)
@@ -241,13 +254,31 @@ class Driver:
             # a claim whose read failed is observed with the time the failed read took.
             watch.restart()
             results = self._results_for_this_node(ref, claim)
-            self._write_cdi(ref, list(dict.fromkeys(r["device"] for r in results)))
+            try:
+                configs = configs_by_request(
+                    claim["status"]["allocation"]["devices"].get("config"),
+                    self.driver_name,
+                    [r["request"] for r in results],
+                )
+            except ConfigError as exc:
+                raise ClaimError("InvalidConfig", f"ResourceClaim {ref.namespace}/{ref.name}: {exc}") from exc
+            # As upstream: admin access is the claim's (any result of any driver), for every device.
+            admin = any(
+                isinstance(r, dict) and r.get("adminAccess") is True
+                for r in claim["status"]["allocation"]["devices"]["results"]
+            )
+            edits: dict[str, list[str]] = {}  # one CDI device per device, even if two requests got it
+            for r in results:
+                env = device_env(ref.uid, r["device"], admin, configs[r["request"]], r["consumed"])
+                edits.setdefault(r["device"], env)
+            self._write_cdi(ref, list(edits.items()))
             devices = tuple(
                 PreparedDevice(
                     request_names=(r["request"],),
                     pool_name=r["pool"],
                     device_name=r["device"],
                     cdi_device_ids=tuple(self.cdi.device_ids(ref.uid, r["device"])),
+                    container_env=tuple(edits[r["device"]]),
                 )
                 for r in results
             )
@@ -291,7 +322,7 @@ class Driver:
             raise ClaimError("InvalidClaim", "the ResourceClaim is not a JSON object")
         return claim
 
-    def _results_for_this_node(self, ref: ClaimRef, claim: Mapping[str, Any]) -> list[dict[str, str]]:
+    def _results_for_this_node(self, ref: ClaimRef, claim: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The allocation results for this driver, checked to be devices of this node's pool."""
         metadata = claim.get("metadata") if isinstance(claim.get("metadata"), dict) else {}
         uid = metadata.get("uid") if isinstance(metadata, dict) else None
@@ -308,11 +339,18 @@ class Driver:
             results = allocation["devices"]["results"]
             if not isinstance(results, list):
                 raise TypeError("results is not a list")
-            ours = []
+            ours: list[dict[str, Any]] = []
             for r in results:
                 if r["driver"] != self.driver_name:
                     continue
-                ours.append({"request": str(r["request"]), "pool": str(r["pool"]), "device": str(r["device"])})
+                ours.append(
+                    {
+                        "request": str(r["request"]),
+                        "pool": str(r["pool"]),
+                        "device": str(r["device"]),
+                        "consumed": _quantities(r.get("consumedCapacity")),
+                    }
+                )
         except (KeyError, TypeError) as exc:
             raise ClaimError("InvalidClaim", f"malformed status.allocation.devices.results: {exc!r}") from exc
         if not ours:
@@ -325,15 +363,15 @@ class Driver:
                 raise ClaimError(
                     "WrongPool", f"device {r['pool']}/{r['device']} is not in this node's pool {self.pool_name}"
                 )
-            if self.inventory.get(r["device"]) is None:
+            if self.inventory.get(str(r["device"])) is None:
                 raise ClaimError("UnknownDevice", f"device {r['device']} is not published by this node")
         return ours
 
-    def _write_cdi(self, ref: ClaimRef, device_names: list[str]) -> None:
+    def _write_cdi(self, ref: ClaimRef, devices: list[tuple[str, list[str]]]) -> None:
         path = self.cdi.claim_spec_path(ref.uid)
         with self.tracer.start_as_current_span("write CDI spec", attributes={CDI_SPEC: str(path)}):
             try:
-                self.cdi.write_claim(ref.uid, device_names)
+                self.cdi.write_claim(ref.uid, devices)
             except OSError as exc:
                 raise ClaimError("CDIWriteFailed", f"cannot write CDI spec {path}: {exc}") from exc
 
@@ -356,6 +394,15 @@ class Driver:
                 except OSError as exc:
                     raise ClaimError("CheckpointWriteFailed", f"cannot write the checkpoint: {exc}") from exc
             return entry.devices
+
+
+def _quantities(value: Any) -> dict[str, str]:
+    """``consumedCapacity`` (name -> quantity) as strings; anything else is malformed."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, (str, int, float)) for v in value.values()):
+        raise TypeError(f"consumedCapacity is not a map of quantities: {value!r}")
+    return {str(k): str(v) for k, v in value.items()}
 
 
 class _Stopwatch:

@@ -6,6 +6,17 @@ devices to publish, and only when they differ writes every slice with the pool g
 incremented, then deletes slices it no longer needs. Unchanged devices cost one list request per
 resync and no writes. A background thread rediscovers devices and reconciles every ``resync``
 seconds, which also repairs slices that someone else changed or deleted.
+
+Every slice is owned by the node's Node object (``ownerReferences``: v1 Node, its name and UID,
+``controller: true``, as the kubelet-plugin helper's ResourceSlice controller writes it), so the
+garbage collector deletes the slices when the Node is deleted. The Node's UID is read when a slice
+is written (one GET; not at unchanged resyncs). Where the Node does not exist (yet) the slices are
+published without an owner, with a warning, and the lookup is repeated at every reconcile until it
+appears; then the slices are rewritten with it. Upstream refuses to publish without the Node
+instead; publishing keeps a plugin started before its kubelet registered the Node, or a setup without
+Node objects, usable. If the Node is deleted while the plugin runs on, the collector deletes the
+slices and the next reconcile publishes them again: owned by the new Node once the kubelet has
+registered it again, without owner until then.
 """
 
 from __future__ import annotations
@@ -16,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 from otel_dra.kube.client import ApiError, KubeClient
 from otel_dra.kube.quantity import parse_quantity
@@ -104,6 +116,35 @@ class SlicePublisher:
         self._thread: threading.Thread | None = None
         self.generation = 0
         self.publishes = 0  # reconciles that wrote something (tests and logs)
+        self._owner: dict[str, Any] | None = None  # the Node's owner reference, once read
+        self._warned_no_node = False
+
+    # --- the owner: this node's Node object ----------------------------------------------------
+    def node_owner(self, *, refresh: bool) -> dict[str, Any] | None:
+        """The owner reference to this node's Node, None while there is no such Node. Read from the
+        API server when ``refresh`` or not known yet; other API errors propagate (retried)."""
+        if self._owner is not None and not refresh:
+            return self._owner
+        try:
+            node = self.client.get_json(f"/api/v1/nodes/{quote(self.node_name)}")
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            if not self._warned_no_node:
+                log.warning(
+                    "Node %s does not exist: its ResourceSlices are published without an owner reference "
+                    "(the garbage collector will not delete them with the Node) until it does",
+                    self.node_name,
+                )
+                self._warned_no_node = True
+            self._owner = None
+            return None
+        uid = (node.get("metadata") or {}).get("uid") if isinstance(node, dict) else None
+        if not isinstance(uid, str) or not uid:
+            raise ApiError(0, f"Node {self.node_name} has no metadata.uid")
+        self._owner = {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": uid, "controller": True}
+        self._warned_no_node = False
+        return self._owner
 
     # --- one reconcile -------------------------------------------------------------------------
     def list_own(self) -> list[dict[str, Any]]:
@@ -119,12 +160,13 @@ class SlicePublisher:
         taints = self._device_taints() if self._device_taints is not None and not self._taints_dropped else {}
         existing = {s.get("metadata", {}).get("name", ""): s for s in self.list_own()}
         generations = [int((s.get("spec", {}).get("pool") or {}).get("generation") or 0) for s in existing.values()]
-        if self._up_to_date(existing, desired, taints):
+        if self._up_to_date(existing, desired, taints, self.node_owner(refresh=False)):
             self.generation = max(generations, default=0)
             return False
+        owner = self.node_owner(refresh=True)  # the Node may have been re-created: its UID now
         generation = max(generations, default=0) + 1
         for name, chunk in desired.items():
-            body = self._slice(name, chunk, generation, len(desired), taints)
+            body = self._slice(name, chunk, generation, len(desired), taints, owner)
             current = existing.get(name)
             if current is None:
                 answer = self.client.send_json("POST", SLICES_PATH, body)
@@ -164,11 +206,14 @@ class SlicePublisher:
         existing: dict[str, dict[str, Any]],
         desired: dict[str, list[Device]],
         taints: Mapping[str, list[dict[str, str]]],
+        owner: dict[str, Any] | None,
     ) -> bool:
         if set(existing) != set(desired):
             return False
         generations = set()
         for name, chunk in desired.items():
+            if (existing[name].get("metadata") or {}).get("ownerReferences", []) != ([owner] if owner else []):
+                return False
             spec = existing[name].get("spec") or {}
             pool = spec.get("pool") or {}
             if pool.get("name") != self.pool_name or pool.get("resourceSliceCount") != len(desired):
@@ -185,11 +230,15 @@ class SlicePublisher:
         generation: int,
         count: int,
         taints: Mapping[str, list[dict[str, str]]],
+        owner: dict[str, Any] | None,
     ) -> dict[str, Any]:
+        metadata: dict[str, Any] = {"name": name, "labels": {"app.kubernetes.io/managed-by": "otel-dra-plugin"}}
+        if owner is not None:
+            metadata["ownerReferences"] = [owner]
         return {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceSlice",
-            "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "otel-dra-plugin"}},
+            "metadata": metadata,
             "spec": {
                 "driver": self.driver_name,
                 "nodeName": self.node_name,

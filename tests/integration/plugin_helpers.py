@@ -95,9 +95,9 @@ class Kubelet:
         self._dra_channel.close()
 
 
-def ensure_namespace(admin: KubeClient, name: str) -> None:
+def ensure_namespace(admin: KubeClient, name: str, labels: dict[str, str] | None = None) -> None:
     try:
-        admin.send_json("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+        admin.send_json("POST", "/api/v1/namespaces", {"metadata": {"name": name, "labels": labels or {}}})
     except ApiError as exc:
         if exc.status != 409:
             raise
@@ -107,19 +107,24 @@ def make_claim(
     admin: KubeClient,
     namespace: str,
     name: str,
-    results: list[dict[str, str]] | None = None,
+    results: list[dict[str, Any]] | None = None,
+    config: list[dict[str, Any]] | None = None,
+    requests: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A ResourceClaim, allocated to ``results`` through the status subresource (what the
-    scheduler writes) unless None."""
+    """A ResourceClaim, allocated to ``results`` (with the device ``config`` entries, if any)
+    through the status subresource (what the scheduler writes) unless None."""
     body = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+        "spec": {"devices": {"requests": requests or [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
     }
     obj: dict[str, Any] = admin.send_json("POST", CLAIMS.format(ns=namespace), body)
     if results is not None:
-        obj["status"] = {"allocation": {"devices": {"results": results}}}
+        devices: dict[str, Any] = {"results": results}
+        if config is not None:
+            devices["config"] = config
+        obj["status"] = {"allocation": {"devices": devices}}
         obj = admin.send_json("PUT", f"{CLAIMS.format(ns=namespace)}/{name}/status", obj)
     return obj
 

@@ -831,6 +831,7 @@ def test_plugin_daemonset_is_as_restricted_as_it_can_be(helm):
             "verbs": ["list", "create", "update", "delete"],
         },
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},  # the Node's UID: slice owner
     ]
     [policy] = kinds["ValidatingAdmissionPolicy"]
     assert (
@@ -930,7 +931,8 @@ def test_plugin_serviceaccount_can_exactly_what_the_plugin_needs(testbed, plugin
     for verb in ("list", "watch", "update", "patch", "delete", "create"):
         assert not can(verb, "resourceclaims.resource.k8s.io", "-n", "team-a"), verb
     assert not can("update", "resourceclaims.resource.k8s.io/status", "-n", "team-a")
-    assert not can("get", "nodes") and not can("list", "nodes") and not can("patch", "nodes/status")
+    assert can("get", "nodes")  # its Node's UID, for the ResourceSlices' owner reference
+    assert not can("list", "nodes") and not can("patch", "nodes/status") and not can("update", "nodes")
     for verb, resource in (
         ("list", "deviceclasses.resource.k8s.io"),
         ("create", "deviceclasses.resource.k8s.io"),

@@ -266,3 +266,85 @@ def test_pod_waits_while_the_driver_is_not_registered(cluster):
     assert pod is not None and pod["status"]["phase"] == "Pending"  # no prepare without a driver
     cluster.start_plugin()
     wait_until(lambda: cluster.running("early"), 60, what="pod Running once the driver registered")
+
+
+def run_on_emulator(testbed: Any, driver: str, out: Path, container: dict[str, Any]) -> tuple[dict[str, str], Path]:
+    """The pod scenario (tests/integration/pod_scenario.py) on an emulated node; returns the claim
+    roles and the plugin's span record. Also used by the node test to compare with a real kubelet."""
+    from tests.integration import pod_scenario
+
+    node = f"sim-{secrets.token_hex(3)}"
+    client = KubeClient(load_credentials(str(testbed.kubeconfig)))
+    dirs = out / node
+    sim = KubeletSim(client, {node: dirs / "plugins_registry"}).start()
+    plugin = pod_scenario.RecordingPlugin(
+        kubeconfig=testbed.kubeconfig,
+        node=node,
+        driver=driver,
+        cdi=dirs / "cdi",
+        plugins=dirs / "plugins",
+        registry=dirs / "plugins_registry",
+        out=out,
+    )
+    try:
+        wait_until(lambda: sim.watchers[node].plugin(driver) is not None, 60, what="registration")
+
+        def phase(pod: str) -> str:
+            try:
+                return str(client.get_json(f"/api/v1/namespaces/default/pods/{pod}").get("status", {}).get("phase"))
+            except ApiError as exc:
+                if exc.status == 404:
+                    return "Gone"
+                raise
+
+        roles = pod_scenario.run(
+            client,
+            namespace="default",
+            node=node,
+            driver=driver,
+            container=container,
+            wait_running=lambda pod: wait_until(lambda: phase(pod) == "Running", 60, what=f"{pod} Running"),
+            wait_gone=lambda pod: wait_until(lambda: phase(pod) == "Gone", 60, what=f"{pod} gone"),
+        )
+    finally:
+        plugin.stop()
+        sim.stop()
+        with contextlib.suppress(ApiError):
+            client.request("DELETE", f"/api/v1/nodes/{node}")  # its slices go with it (owner reference)
+    return roles, plugin.record
+
+
+def test_the_emulator_prepares_a_shared_claim_once_per_node_like_the_kubelet(testbed_sched, tmp_path):
+    """Two pods with claims of their own and one shared claim: the plugin is called as by the
+    kubelet (tests/integration/test_node.py compares with a real one): the shared claim is prepared
+    with the first pod and unprepared with the last."""
+    from tests.integration import pod_scenario
+
+    driver = f"parity-{secrets.token_hex(3)}.example.com"
+    client = KubeClient(load_credentials(str(testbed_sched.kubeconfig)))
+    client.send_json(
+        "POST",
+        "/apis/resource.k8s.io/v1/deviceclasses",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": driver},
+            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{driver}'"}}]},
+        },
+    )
+    out = Path(tempfile.mkdtemp(prefix="parity-", dir="/tmp"))  # short: unix socket paths
+    try:
+        container = {"name": "c", "image": "busybox", "imagePullPolicy": "Never", "command": ["true"]}
+        roles, record = run_on_emulator(testbed_sched, driver, out, container)
+        calls = pod_scenario.calls(record, roles)
+        assert [(method, claims) for method, claims, _ in calls] == pod_scenario.EXPECTED, calls
+        kind = f"k8s.{driver}/gpu"
+        for method, claims, ids in calls:
+            if method == "NodePrepareResources":  # common once per claim, and each claim's device
+                assert ids.count(f"{kind}=common") == len(claims), ids
+                assert sorted(i.split("=")[1].rsplit("-gpu-", 1)[0] for i in ids if not i.endswith("=common")) == list(
+                    claims
+                ), ids
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+        client.request("DELETE", f"/apis/resource.k8s.io/v1/deviceclasses/{driver}")

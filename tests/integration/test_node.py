@@ -366,13 +366,23 @@ def test_a_claim_pod_gets_exactly_its_devices_environment(
     device = result["device"]
     assert _cdi_spec(node, claim["metadata"]["uid"]).is_file()
     assert claim["metadata"]["uid"] in _checkpoint_uids(node)
+    # The slices are owned by the Node the kubelet registered (the garbage collector's link).
+    node_uid = client.get_json(f"/api/v1/nodes/{node.name}")["metadata"]["uid"]
+    owner = {"apiVersion": "v1", "kind": "Node", "name": node.name, "uid": node_uid, "controller": True}
+    assert [s["metadata"].get("ownerReferences") for s in _node_slices(client, node)] == [[owner]]
     with_gpu, without = _container_env(node, "gpu-pod", "with-gpu"), _container_env(node, "gpu-pod", "without")
     # The same pod, image and command: the only difference is what CDI injected for the claim.
     assert without <= with_gpu
+    n = device.removeprefix("gpu-")
+    # Exactly what the upstream driver injects (names and values), for a claim without a config.
     assert with_gpu - without == {
         f"KUBERNETES_NODE_NAME={node.name}",
         f"DRA_RESOURCE_DRIVER_NAME={DRIVER}",
-        f"GPU_DEVICE_{device.removeprefix('gpu-')}={device}",
+        f"GPU_DEVICE_GPU_{n}_RESOURCE_CLAIM={claim['metadata']['uid']}",
+        "DRA_ADMIN_ACCESS=false",
+        f"GPU_DEVICE_{n}={device}",
+        f"GPU_DEVICE_{n}_SHARING_STRATEGY=TimeSlicing",
+        f"GPU_DEVICE_{n}_TIMESLICE_INTERVAL=Default",
     }
     unprepare = _delete_and_check_unprepared(client, node, "gpu-pod", claim)
     print(f"\nclaim pod Running {seconds:.1f}s after creation, deleted and unprepared in {unprepare:.1f}s")
@@ -424,3 +434,53 @@ def test_a_plugin_killed_between_prepare_and_deletion_loses_nothing(
     registered = time.monotonic() - started
     unprepared = _delete_and_check_unprepared(client, node, "survivor", claim)
     print(f"\nplugin killed; the new one registered in {registered:.1f}s, the pod unprepared in {unprepared:.1f}s")
+
+
+def test_the_emulator_and_the_kubelet_call_the_plugin_alike(node_testbed: tuple[Testbed, Node], tmp_path: Path) -> None:
+    """The same pod scenario (tests/integration/pod_scenario.py: two pods with a claim each from a
+    template and one shared claim, then deletes) on an emulated node and on the real kubelet, in the
+    same control plane: the plugin gets the same calls, with the same claims and CDI ids."""
+    from tests.integration import pod_scenario
+    from tests.integration.test_kubelet_sim import run_on_emulator
+
+    testbed, node = node_testbed
+    client = KubeClient(load_credentials(str(testbed.kubeconfig)))
+    out = Path(tempfile.mkdtemp(prefix="parity-", dir="/tmp"))  # short: unix socket paths
+    try:
+        sim_roles, sim_record = run_on_emulator(testbed, DRIVER, out, _container("c"))
+        offset = _kubelet_log_size(node)
+        plugin = pod_scenario.RecordingPlugin(
+            kubeconfig=testbed.kubeconfig,
+            node=node.name,
+            driver=DRIVER,
+            cdi=node.cdi_dir,
+            plugins=node.plugins_dir,
+            registry=node.registry_dir,
+            out=out,
+        )
+        try:
+
+            def registered() -> bool:
+                assert plugin.proc.poll() is None, plugin.log.read_text()
+                return _connected_since(node, offset) and bool(_node_slices(client, node))
+
+            wait_until(registered, timeout=60, what="the kubelet to register the plugin")
+            roles = pod_scenario.run(
+                client,
+                namespace=NAMESPACE,
+                node=node.name,
+                driver=DRIVER,
+                container=_container("c"),
+                wait_running=lambda pod: _wait_running(client, pod, node),
+                wait_gone=lambda pod: wait_until(lambda: _phase(client, pod) == "Gone", timeout=90, what=f"{pod} gone"),
+            )
+        finally:
+            plugin.stop()
+        real, emulated = pod_scenario.calls(plugin.record, roles), pod_scenario.calls(sim_record, sim_roles)
+        assert [(method, claims) for method, claims, _ in real] == pod_scenario.EXPECTED, real
+        assert emulated == real
+        print("\nthe plugin's calls, the same from the emulator and from the kubelet:")
+        for call in real:
+            print(f"  {call}")
+    finally:
+        shutil.rmtree(out, ignore_errors=True)

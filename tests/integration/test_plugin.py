@@ -3,6 +3,7 @@ way the kubelet calls it (registration, NodePrepareResources, NodeUnprepareResou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import socket
@@ -25,6 +26,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_dra.cli.plugin import PluginApp, start_plugin
+from otel_dra.kube.client import ApiError, KubeClient, load_credentials
+from otel_dra.kubeletsim.nodes import ensure_node
 from otel_dra.plugin.devices import simulated_devices
 from otel_dra.plugin.nvml import DiscoveryError
 from otel_dra.plugin.server import AlreadyRunning
@@ -161,6 +164,46 @@ def test_registration_slices_and_health(start, kubelet, dirs, node, admin_client
     assert _spans(app) == []  # health probes (empty requests) make no traces
 
 
+def test_slices_are_owned_by_the_node_and_go_with_it(testbed_sched, dirs, node):
+    """The owner reference to the Node (as upstream's: v1 Node, name, UID, controller) lets the real
+    garbage collector of kube-controller-manager delete the slices with the Node. Without a Node the
+    slices are published unowned, and get the owner once the Node exists."""
+    admin = KubeClient(load_credentials(str(testbed_sched.kubeconfig)))
+    app = start_plugin(
+        node_name=node,
+        kubeconfig=str(testbed_sched.kubeconfig),
+        plugins_dir=dirs.plugins,
+        registrar_dir=dirs.registry,
+        cdi_root=dirs.cdi,
+        num_devices=130,  # two slices, both owned
+        resync=3600,  # only the test's triggers reconcile
+    )
+    try:
+        wait_until(lambda: len(own_slices(admin, node)) == 2, what="slices published without a Node")
+        assert all("ownerReferences" not in s["metadata"] for s in own_slices(admin, node))
+        ensure_node(admin, node)
+        uid = admin.get_json(f"/api/v1/nodes/{node}")["metadata"]["uid"]
+        owner = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid, "controller": True}
+        app.publisher.trigger()
+        wait_until(
+            lambda: [s["metadata"].get("ownerReferences") for s in own_slices(admin, node)] == [[owner]] * 2,
+            what="slices owned by the Node",
+        )
+        assert app.publisher.sync() is False  # owned and unchanged: nothing to write
+        started = time.monotonic()
+        admin.request("DELETE", f"/api/v1/nodes/{node}")
+        wait_until(lambda: own_slices(admin, node) == [], timeout=60, what="the garbage collector to delete the slices")
+        collected = time.monotonic() - started
+        # The plugin runs on: its next reconcile publishes again, unowned while there is no Node.
+        assert app.publisher.sync() is True
+        assert all("ownerReferences" not in s["metadata"] for s in own_slices(admin, node))
+        print(f"\nslices deleted by the garbage collector {collected:.1f}s after the Node")
+    finally:
+        app.stop(remove_slices=True)
+        with contextlib.suppress(ApiError):
+            admin.request("DELETE", f"/api/v1/nodes/{node}")
+
+
 def test_slices_republished_on_change_and_cleaned_up(start, node, admin_client):
     def slices_with(count: int, generation: int) -> Callable[[], list[dict[str, Any]]]:
         def check() -> list[dict[str, Any]]:
@@ -253,7 +296,14 @@ def test_prepare_and_unprepare(start, kubelet, dirs, node, namespace, admin_clie
 
     spec = json.loads(dirs.cdi_spec(uid).read_text())
     assert spec["kind"] == f"k8s.{DRIVER}/gpu"
-    assert spec["devices"] == [{"name": f"{uid}-gpu-1", "containerEdits": {"env": ["GPU_DEVICE_1=gpu-1"]}}]
+    env = [
+        f"GPU_DEVICE_GPU_1_RESOURCE_CLAIM={uid}",
+        "DRA_ADMIN_ACCESS=false",
+        "GPU_DEVICE_1=gpu-1",
+        "GPU_DEVICE_1_SHARING_STRATEGY=TimeSlicing",  # upstream's default GpuConfig
+        "GPU_DEVICE_1_TIMESLICE_INTERVAL=Default",
+    ]
+    assert spec["devices"] == [{"name": f"{uid}-gpu-1", "containerEdits": {"env": env}}]
     common = json.loads((dirs.cdi / f"k8s.{DRIVER}-gpu_common.json").read_text())
     assert f"KUBERNETES_NODE_NAME={node}" in common["devices"][0]["containerEdits"]["env"]
     assert read_checkpoint(dirs)[uid]["devices"][0]["device_name"] == "gpu-1"
@@ -315,6 +365,75 @@ def test_prepare_and_unprepare(start, kubelet, dirs, node, namespace, admin_clie
     # Unprepare is idempotent too.
     assert kubelet.unprepare([ref(claim)], version="v1beta1").claims[uid].error == ""
     assert metric(port, "dra_example_driver_unprepare_claims_total", result="success") == 2
+
+
+def _opaque(parameters: dict[str, Any], requests: list[str], source: str = "FromClaim") -> dict[str, Any]:
+    return {"source": source, "requests": requests, "opaque": {"driver": DRIVER, "parameters": parameters}}
+
+
+def test_prepare_honours_the_claim_device_config(start, kubelet, dirs, node, namespace, admin_client):
+    """Opaque GpuConfig entries as the API server stores them in the allocation (the class's, then
+    the claim's), admin access, and a malformed config that fails only its own claim."""
+    start(node, resync=3600)
+    # Admin access is allowed only in namespaces labelled for it.
+    admin_ns = f"{namespace}-admin"
+    ensure_namespace(admin_client, admin_ns, {"resource.kubernetes.io/admin-access": "true"})
+    requests = [
+        {"name": "gpu", "exactly": {"deviceClassName": DRIVER}},
+        {"name": "admin", "exactly": {"deviceClassName": DRIVER, "adminAccess": True}},
+    ]
+    gpu = "gpu.resource.example.com/v1alpha1"
+    long = {
+        "apiVersion": gpu,
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+    }
+    parts = {
+        "apiVersion": gpu,
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "SpacePartitioning", "spacePartitioningConfig": {"partitionCount": 4}},
+    }
+    configured = make_claim(
+        admin_client,
+        admin_ns,
+        f"cfg-{node}",
+        [result(node, "gpu-0"), {**result(node, "gpu-1", request="admin"), "adminAccess": True}],
+        config=[_opaque(long, [], source="FromClass"), _opaque(parts, ["admin"])],
+        requests=requests,
+    )
+    broken = make_claim(
+        admin_client,
+        namespace,
+        f"bad-{node}",
+        [result(node, "gpu-2")],
+        config=[_opaque({"apiVersion": gpu, "kind": "GpuConfig", "sharing": {"strategy": "Sometimes"}}, [])],
+    )
+    uid, bad_uid = configured["metadata"]["uid"], broken["metadata"]["uid"]
+    response = kubelet.prepare([ref(configured), ref(broken)])
+    assert response.claims[uid].error == ""
+    assert response.claims[bad_uid].error == (
+        f"prepare claim {namespace}/bad-{node} (uid {bad_uid}): ResourceClaim {namespace}/bad-{node}: "
+        "config[0] (FromClaim): unknown GPU sharing strategy: 'Sometimes' (one of TimeSlicing, SpacePartitioning)"
+    )
+    assert not dirs.cdi_spec(bad_uid).exists() and bad_uid not in read_checkpoint(dirs)
+    spec = json.loads(dirs.cdi_spec(uid).read_text())
+    assert {d["name"]: d["containerEdits"]["env"] for d in spec["devices"]} == {
+        f"{uid}-gpu-0": [
+            f"GPU_DEVICE_GPU_0_RESOURCE_CLAIM={uid}",
+            "DRA_ADMIN_ACCESS=true",  # the claim's, as upstream: one of its results has admin access
+            "GPU_DEVICE_0=gpu-0",
+            "GPU_DEVICE_0_SHARING_STRATEGY=TimeSlicing",
+            "GPU_DEVICE_0_TIMESLICE_INTERVAL=Long",
+        ],
+        f"{uid}-gpu-1": [
+            f"GPU_DEVICE_GPU_1_RESOURCE_CLAIM={uid}",
+            "DRA_ADMIN_ACCESS=true",
+            "GPU_DEVICE_1=gpu-1",
+            "GPU_DEVICE_1_SHARING_STRATEGY=SpacePartitioning",
+            "GPU_DEVICE_1_PARTITION_COUNT=4",
+        ],
+    }
+    assert kubelet.unprepare([ref(configured)]).claims[uid].error == ""
 
 
 def _assert_error_span(app: PluginApp, uid: str, error_type: str) -> None:
@@ -512,8 +631,10 @@ def test_chart_role_is_enough(testbed, helm, dirs, kubelet, node, namespace, adm
         ("resourceslices", "create"),
         ("resourceslices", "update"),
         ("resourceslices", "delete"),
+        ("nodes", "get"),
     }
     testbed.kubectl("apply", "-f", "-", input=plugin_rbac(rules))
+    ensure_node(admin_client, node)  # so that the owner lookup (get nodes) is exercised too
     token = testbed.mint_token("plugin-rbac", "dra-plugin")
     kubeconfig = testbed.write_kubeconfig(testbed.dir / "dra-plugin.kubeconfig", token)
     app = start_plugin(
@@ -528,6 +649,8 @@ def test_chart_role_is_enough(testbed, helm, dirs, kubelet, node, namespace, adm
     )
     try:
         wait_until(lambda: len(own_slices(admin_client, node)) == 2, what="slices published with least privilege")
+        node_uid = admin_client.get_json(f"/api/v1/nodes/{node}")["metadata"]["uid"]
+        assert {s["metadata"]["ownerReferences"][0]["uid"] for s in own_slices(admin_client, node)} == {node_uid}
         assert app.publisher.sync() is False  # list works; nothing to write
         claim = make_claim(admin_client, namespace, f"rbac-{node}", [result(node, "gpu-129")])
         uid = claim["metadata"]["uid"]
@@ -536,6 +659,7 @@ def test_chart_role_is_enough(testbed, helm, dirs, kubelet, node, namespace, adm
         assert metric(app.metrics_port, "rest_client_requests_total", code="403", method="GET") is None
     finally:
         app.stop(remove_slices=True)
+        admin_client.request("DELETE", f"/api/v1/nodes/{node}")
     assert own_slices(admin_client, node) == []
 
 

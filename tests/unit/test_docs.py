@@ -184,3 +184,16 @@ def test_joined_family_needs_documented():
     )
     assert example is not None
     assert [n for n in NAMES if example.serves(n)] == [f.prom_name for f in SEED_FAMILIES]
+
+
+def test_process_families_documented():
+    """The process_* table of docs/metrics.md lists exactly what the pipeline serves, type and HELP."""
+    from tests.helpers import PROCESS_FAMILIES
+
+    section = DOC.read_text().split("## Process metrics (both binaries)", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0] not in ("Prometheus name", "---"):
+            rows[cells[0]] = (cells[1], cells[4])
+    assert rows == PROCESS_FAMILIES

@@ -13,12 +13,16 @@ from pathlib import Path
 
 import pynvml
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from otel_dra.cli import main
 from otel_dra.kube.client import ApiError, Credentials, KubeClient, RequestRecord, RetryPolicy
 from otel_dra.plugin import nvml as nvml_discovery
 from otel_dra.plugin.cdi import CdiWriter
 from otel_dra.plugin.checkpoint import Checkpoint, CheckpointError, PreparedClaim, PreparedDevice
+from otel_dra.plugin.config import DEFAULT, configs_by_request, device_env, parse_gpu_config
+from otel_dra.plugin.config import ConfigError as GpuConfigError
 from otel_dra.plugin.devices import Device, semver, simulated_devices
 from otel_dra.plugin.metrics import PluginMetrics
 from otel_dra.plugin.server import AlreadyRunning, PluginStartError, SocketLock, check_socket_path
@@ -162,12 +166,26 @@ def test_cdi_specs(tmp_path):
             "containerEdits": {"env": ["KUBERNETES_NODE_NAME=node-a", "DRA_RESOURCE_DRIVER_NAME=gpu.example.com"]},
         }
     ]
-    path = cdi.write_claim("uid-1", ["gpu-3", "gpu-0-mig-1-0"])
+    path = cdi.write_claim(
+        "uid-1", [("gpu-3", device_env("uid-1", "gpu-3", False, DEFAULT)), ("gpu-0-mig-1-0", ["A=1"])]
+    )
     assert path.name == "k8s.gpu.example.com-gpu_uid-1.json"
     devices = json.loads(path.read_text())["devices"]
     assert devices == [
-        {"name": "uid-1-gpu-3", "containerEdits": {"env": ["GPU_DEVICE_3=gpu-3"]}},
-        {"name": "uid-1-gpu-0-mig-1-0", "containerEdits": {"env": ["GPU_DEVICE_0_MIG_1_0=gpu-0-mig-1-0"]}},
+        {
+            "name": "uid-1-gpu-3",
+            "containerEdits": {
+                "env": [
+                    # dra-example-driver's variables, names and values exactly (its e2e tests read them)
+                    "GPU_DEVICE_GPU_3_RESOURCE_CLAIM=uid-1",
+                    "DRA_ADMIN_ACCESS=false",
+                    "GPU_DEVICE_3=gpu-3",
+                    "GPU_DEVICE_3_SHARING_STRATEGY=TimeSlicing",
+                    "GPU_DEVICE_3_TIMESLICE_INTERVAL=Default",
+                ]
+            },
+        },
+        {"name": "uid-1-gpu-0-mig-1-0", "containerEdits": {"env": ["A=1"]}},
     ]
     assert cdi.device_ids("uid-1", "gpu-3") == ["k8s.gpu.example.com/gpu=uid-1-gpu-3", "k8s.gpu.example.com/gpu=common"]
     assert sorted(p.name for p in (tmp_path / "cdi").iterdir()) == [
@@ -177,6 +195,147 @@ def test_cdi_specs(tmp_path):
     assert cdi.remove_claim("uid-1") is True
     assert cdi.remove_claim("uid-1") is False
     assert not path.exists()
+
+
+# --- opaque device configuration (GpuConfig) ------------------------------------------------------
+
+
+def _gpu_config(sharing=None, **extra):
+    params = {"apiVersion": "gpu.resource.example.com/v1alpha1", "kind": "GpuConfig", **extra}
+    if sharing is not None:
+        params["sharing"] = sharing
+    return params
+
+
+def _entry(params, requests=(), source="FromClaim", driver="gpu.example.com"):
+    return {"source": source, "requests": list(requests), "opaque": {"driver": driver, "parameters": params}}
+
+
+@pytest.mark.parametrize(
+    "params, env",
+    [
+        (_gpu_config(), ["GPU_DEVICE_0_SHARING_STRATEGY=TimeSlicing", "GPU_DEVICE_0_TIMESLICE_INTERVAL=Default"]),
+        (
+            _gpu_config({"strategy": "TimeSlicing"}),
+            ["GPU_DEVICE_0_SHARING_STRATEGY=TimeSlicing", "GPU_DEVICE_0_TIMESLICE_INTERVAL=Default"],
+        ),
+        (
+            _gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}),
+            ["GPU_DEVICE_0_SHARING_STRATEGY=TimeSlicing", "GPU_DEVICE_0_TIMESLICE_INTERVAL=Long"],
+        ),
+        (
+            _gpu_config({"strategy": "SpacePartitioning"}),
+            ["GPU_DEVICE_0_SHARING_STRATEGY=SpacePartitioning", "GPU_DEVICE_0_PARTITION_COUNT=1"],
+        ),
+        (
+            _gpu_config({"strategy": "SpacePartitioning", "spacePartitioningConfig": {"partitionCount": 10}}),
+            ["GPU_DEVICE_0_SHARING_STRATEGY=SpacePartitioning", "GPU_DEVICE_0_PARTITION_COUNT=10"],
+        ),
+    ],
+)
+def test_gpu_config_normalized_like_upstream(params, env):
+    assert parse_gpu_config(params).env("gpu-0") == ["GPU_DEVICE_0=gpu-0", *env]
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ("text", "must be a JSON object"),
+        ({"kind": "GpuConfig"}, "decodes only gpu.resource.example.com/v1alpha1/GpuConfig"),
+        ({**_gpu_config(), "kind": "NetConfig"}, "'NetConfig'"),
+        (_gpu_config(mode="x"), "unknown field(s) in GpuConfig: mode"),
+        (_gpu_config({"strategy": "Sometimes"}), "unknown GPU sharing strategy: 'Sometimes'"),
+        (_gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Eon"}}), "time-slice interval"),
+        (_gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {}}), "unknown time-slice interval: ''"),
+        (
+            _gpu_config({"strategy": "TimeSlicing", "spacePartitioningConfig": {"partitionCount": 2}}),
+            "cannot use spacePartitioningConfig with the 'TimeSlicing' strategy",
+        ),
+        (
+            _gpu_config({"strategy": "SpacePartitioning", "spacePartitioningConfig": {"partitionCount": -1}}),
+            "invalid partition count: -1",
+        ),
+        (
+            _gpu_config({"strategy": "SpacePartitioning", "spacePartitioningConfig": {"partitionCount": "2"}}),
+            "partitionCount must be an integer",
+        ),
+    ],
+)
+def test_malformed_gpu_config_is_refused_clearly(params, message):
+    with pytest.raises(GpuConfigError) as err:
+        parse_gpu_config(params)
+    assert message in str(err.value)
+
+
+def test_configs_by_request_follow_upstream_precedence():
+    long = _gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})
+    short = _gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}})
+    parts = _gpu_config({"strategy": "SpacePartitioning"})
+    entries = [
+        _entry(long, requests=["a"]),  # the claim's: wins over the class's for "a"
+        _entry(short, source="FromClass"),  # the class's, for every request
+        _entry("not even an object", driver="other.example.com"),  # another driver's: skipped, not parsed
+        _entry(parts, requests=["c"]),
+    ]
+    got = configs_by_request(entries, "gpu.example.com", ["a", "b", "c"])
+    assert {r: (c.strategy, c.interval) for r, c in got.items() if r != "c"} == {
+        "a": ("TimeSlicing", "Long"),
+        "b": ("TimeSlicing", "Short"),
+    }
+    assert got["c"].strategy == "SpacePartitioning"
+    assert configs_by_request(None, "gpu.example.com", ["a"]) == {"a": DEFAULT}
+    with pytest.raises(GpuConfigError, match="only opaque parameters"):
+        configs_by_request([{"source": "FromClaim", "requests": []}], "gpu.example.com", ["a"])
+    with pytest.raises(GpuConfigError, match="invalid config source"):
+        configs_by_request([{**_entry(long), "source": "FromElsewhere"}], "gpu.example.com", ["a"])
+    with pytest.raises(GpuConfigError, match=r"config\[0\] \(FromClaim\): unknown GPU sharing strategy"):
+        configs_by_request([_entry(_gpu_config({"strategy": "x"}))], "gpu.example.com", ["a"])
+
+
+def test_prepare_applies_the_claim_config_and_admin_access(tmp_path):
+    """The claim's GpuConfig and adminAccess reach the CDI spec and the checkpoint; a lost spec is
+    written again the same from the checkpoint; a malformed config fails that claim alone."""
+    from otel_dra.plugin.driver import ClaimRef
+
+    driver = _driver(tmp_path)
+    client = driver.client
+    client.claim = json.loads(json.dumps(client.claim))
+    devices = client.claim["status"]["allocation"]["devices"]
+    devices["results"][0]["consumedCapacity"] = {"memory": "10Gi", "other": "1"}
+    # Admin access is the claim's, as upstream: another driver's result with it counts too.
+    devices["results"].append(
+        {"request": "r", "driver": "x.example.com", "pool": "p", "device": "d", "adminAccess": True}
+    )
+    devices["config"] = [_entry(_gpu_config({"strategy": "SpacePartitioning"}), requests=["r"])]
+    [device] = driver.prepare([ClaimRef("ns", "u1", "c")])["u1"].devices
+    expected = [
+        "GPU_DEVICE_GPU_0_RESOURCE_CLAIM=u1",
+        "DRA_ADMIN_ACCESS=true",
+        "GPU_DEVICE_0=gpu-0",
+        "GPU_DEVICE_0_SHARING_STRATEGY=SpacePartitioning",
+        "GPU_DEVICE_0_PARTITION_COUNT=1",
+        "GPU_DEVICE_0_MEMORY=10Gi",
+    ]
+    spec = driver.cdi.claim_spec_path("u1")
+    assert json.loads(spec.read_text())["devices"][0]["containerEdits"]["env"] == expected
+    assert list(device.container_env) == expected
+    spec.unlink()
+    devices["config"] = []  # not read again: the checkpoint answers
+    driver.prepare([ClaimRef("ns", "u1", "c")])
+    assert json.loads(spec.read_text())["devices"][0]["containerEdits"]["env"] == expected
+
+    (tmp_path / "second").mkdir()
+    driver = _driver(tmp_path / "second")
+    driver.client.claim = json.loads(json.dumps(client.claim))
+    driver.client.claim["status"]["allocation"]["devices"]["config"] = [
+        _entry(_gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Eon"}}))
+    ]
+    error = driver.prepare([ClaimRef("ns", "u1", "c")])["u1"].error
+    assert error == (
+        "prepare claim ns/c (uid u1): ResourceClaim ns/c: config[0] (FromClaim): unknown time-slice interval: "
+        "'Eon' (one of Default, Short, Medium, Long)"
+    )
+    assert not driver.cdi.claim_spec_path("u1").exists() and driver.checkpoint.get("u1") is None
 
 
 # --- checkpoint ----------------------------------------------------------------------------------
@@ -368,6 +527,67 @@ def test_slice_comparison_ignores_quantity_spelling():
     assert _comparable(ours) != _comparable(served)
 
 
+class _SliceApi:
+    """An API server's ResourceSlices and Nodes in memory, recording every request."""
+
+    host = "https://10.0.0.1:6443"
+
+    def __init__(self) -> None:
+        self.slices: dict[str, dict] = {}
+        self.nodes: dict[str, dict] = {}
+        self.requests: list[tuple[str, str]] = []
+
+    def get_json(self, path, query=None, **_):
+        self.requests.append(("GET", path))
+        if path.startswith("/api/v1/nodes/"):
+            node = self.nodes.get(path.rsplit("/", 1)[1])
+            if node is None:
+                raise ApiError(404, "not found")
+            return node
+        return {"items": [json.loads(json.dumps(s)) for s in self.slices.values()]}
+
+    def send_json(self, method, path, body, *args):
+        self.requests.append((method, path))
+        body = json.loads(json.dumps(body))
+        body["metadata"]["resourceVersion"] = "1"
+        self.slices[body["metadata"]["name"]] = body
+        return body
+
+    def request(self, method, path, **_):
+        self.requests.append((method, path))
+        self.slices.pop(path.rsplit("/", 1)[1], None)
+
+
+def test_slices_owned_by_the_node_and_the_lookup_only_when_writing(caplog):
+    from otel_dra.plugin.slices import SlicePublisher
+
+    api = _SliceApi()
+    publisher = SlicePublisher(
+        api, driver_name="gpu.example.com", node_name="node-a", discover=lambda: simulated_devices("node-a", 2)
+    )
+    # No Node: published unowned, one warning, the lookup repeated at each reconcile.
+    assert publisher.sync() is True
+    assert [s["metadata"].get("ownerReferences") for s in api.slices.values()] == [None]
+    assert publisher.sync() is False
+    assert publisher.sync() is False
+    assert api.requests.count(("GET", "/api/v1/nodes/node-a")) == 4  # 2 at the write, 1 per unchanged sync
+    assert sum("Node node-a does not exist" in r.getMessage() for r in caplog.records) == 1
+    # The Node appears: the slices are rewritten owned by it.
+    api.nodes["node-a"] = {"metadata": {"name": "node-a", "uid": "uid-1"}}
+    assert publisher.sync() is True
+    owner = {"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "uid-1", "controller": True}
+    assert [s["metadata"]["ownerReferences"] for s in api.slices.values()] == [[owner]]
+    # Unchanged resyncs cost one LIST and no Node lookup.
+    api.requests.clear()
+    assert publisher.sync() is False
+    assert api.requests == [("GET", "/apis/resource.k8s.io/v1/resourceslices")]
+    # Re-created Node (a new UID) after the collector deleted the slices: the new owner.
+    api.slices.clear()
+    api.nodes["node-a"] = {"metadata": {"name": "node-a", "uid": "uid-2"}}
+    assert publisher.sync() is True
+    assert [s["metadata"]["ownerReferences"][0]["uid"] for s in api.slices.values()] == ["uid-2"]
+
+
 # --- metrics -------------------------------------------------------------------------------------
 
 
@@ -423,9 +643,10 @@ def test_metrics_exposition_matches_upstream_names():
     assert samples[("rest_client_request_duration_seconds_count", (host, ("verb", "GET")))] == 2
     assert all("otel_scope" not in line for line in text.splitlines())
     for line in text.splitlines():
-        if line.startswith("# HELP "):
+        if line.startswith("# HELP ") and not line.startswith("# HELP process_"):
             _, _, name, help_text = line.split(" ", 3)
-            # Upstream's stability levels: the driver's families BETA, client-go's rest_client ALPHA.
+            # Upstream's stability levels: the driver's families BETA, client-go's rest_client ALPHA
+            # (process_* are registered raw there, without a level: tests/unit/test_process_metrics.py).
             if name.startswith("otel_dra_plugin_"):
                 continue  # ours
             assert help_text.startswith("[ALPHA] " if name.startswith("rest_client_") else "[BETA] "), line
@@ -658,3 +879,34 @@ def test_plugin_bad_otel_env_and_credentials(monkeypatch, tmp_path, capsys):
     assert main(argv) == 2
     assert "OTEL_TRACES_SAMPLER='sometimes'" in capsys.readouterr().err
     assert not (tmp_path / "cdi").exists()  # failed before touching anything
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=12,
+)
+_keys = st.sampled_from(
+    ["source", "requests", "opaque", "driver", "parameters", "apiVersion", "kind", "sharing", "strategy",
+     "timeSlicingConfig", "spacePartitioningConfig", "interval", "partitionCount"]
+)  # fmt: skip
+_shaped = st.recursive(
+    _json | st.sampled_from(["FromClass", "FromClaim", "gpu.example.com", "TimeSlicing", "SpacePartitioning", "Long"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_keys, inner, max_size=4),
+    max_leaves=16,
+)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(config=_shaped)
+def test_any_allocation_config_gives_configs_or_a_clear_error(config):
+    """Whatever the config entries hold, the answer is a config per request or a ConfigError (which
+    fails the claim with its message), never another exception (which would be an Internal error)."""
+    try:
+        got = configs_by_request(config, "gpu.example.com", ["a", "b"])
+    except GpuConfigError as exc:
+        assert str(exc)
+    else:
+        assert set(got) == {"a", "b"}
+        for c in got.values():
+            c.env("gpu-0")
