@@ -2,18 +2,25 @@
 # Multi-stage: dependencies are installed from the pinned requirements.lock into a virtualenv in
 # the build stage; the final stage is slim Python with only that virtualenv, no compilers or pip
 # caches, running as a fixed non-root UID.
+#
+# BASE: any Debian-like image with Python 3.11 and its venv module. The default is pulled from a
+# registry; without one, `otel-dra testbed image` builds a local base from Debian packages
+# (debootstrap, python3 + python3-venv: Python 3.11 at /usr/bin) and passes it here. Nothing below
+# names the interpreter's path (python:3.11-slim has it in /usr/local/bin): `python3 -m venv` finds
+# it on PATH and the virtualenv links to it, the same in both stages.
+ARG BASE=python:3.11-slim-bookworm
 
-FROM python:3.11-slim-bookworm AS build
+FROM ${BASE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-RUN python -m venv /opt/otel-dra
+RUN python3 -m venv /opt/otel-dra
 COPY requirements.lock pyproject.toml README.md ./
 COPY otel_dra ./otel_dra
 # Only runtime dependencies (no [dev] extras); the lock file pins every version.
 RUN /opt/otel-dra/bin/pip install -c requirements.lock . \
     && /opt/otel-dra/bin/pip check
 
-FROM python:3.11-slim-bookworm
+FROM ${BASE}
 ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="otel-dra" \
       org.opencontainers.image.description="OpenTelemetry-native observability for Kubernetes Dynamic Resource Allocation" \
