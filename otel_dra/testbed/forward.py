@@ -45,13 +45,21 @@ def listen(address: tuple[str, int]) -> socket.socket:
     return sock
 
 
-def _pipe(client: socket.socket, target: tuple[str, int]) -> None:
+def _pipe(client: socket.socket, target: tuple[str, int], open_sockets: set[socket.socket]) -> None:
     try:
         upstream = socket.create_connection(target, timeout=10)
     except OSError:
         client.close()
         return
     upstream.settimeout(None)
+    open_sockets.update((client, upstream))
+    try:
+        _copy_both_ways(client, upstream)
+    finally:
+        open_sockets.difference_update((client, upstream))
+
+
+def _copy_both_ways(client: socket.socket, upstream: socket.socket) -> None:
     with client, upstream, selectors.DefaultSelector() as selector:
         selector.register(client, selectors.EVENT_READ, upstream)
         selector.register(upstream, selectors.EVENT_READ, client)
@@ -88,6 +96,8 @@ class Forwarder:
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._serve, name=f"forward-{self.address[1]}", daemon=True)
         self._pipes: list[threading.Thread] = []
+        # Both ends of every open connection: stop() shuts them down, which ends their threads.
+        self._open: set[socket.socket] = set()
 
     def start(self) -> Forwarder:
         self._thread.start()
@@ -99,7 +109,9 @@ class Forwarder:
                 client, _ = self._sock.accept()
             except OSError:
                 return
-            thread = threading.Thread(target=_pipe, args=(client, self.target), daemon=True, name="forward-pipe")
+            thread = threading.Thread(
+                target=_pipe, args=(client, self.target, self._open), daemon=True, name="forward-pipe"
+            )
             thread.start()
             self._pipes = [t for t in self._pipes if t.is_alive()] + [thread]
 
@@ -109,6 +121,9 @@ class Forwarder:
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
         self._thread.join(timeout=5)
+        for sock in list(self._open):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         for thread in self._pipes:
             thread.join(timeout=5)
 
