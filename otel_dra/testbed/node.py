@@ -841,7 +841,10 @@ def _start(
             sys.executable, "-m", "otel_dra.testbed.forward",
             f"--listen={BRIDGE_ADDRESS}:{proxy_port}", f"--connect=127.0.0.1:{api_port}",
         ],
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        # This checkout's otel_dra first, whatever the interpreter has installed.
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")) if p
+        )},
     )  # fmt: skip
     testbed.nodes[node.name]["pod_api"] = [BRIDGE_ADDRESS, proxy_port]
 
@@ -862,6 +865,9 @@ def _start(
     testbed.nodes[node.name]["ports"] = ports
     testbed._save_state()
     _wait(f"node {node.name} Ready", lambda: _kubelet_ready(testbed, node.name), testbed, kubelet, timeout, progress)
+    proxy = testbed.components[proxy_component(node.name)]
+    if component_exited(int(proxy["pid"]), proxy.get("start_time")):
+        raise TestbedError(f"the pods' API server forwarder exited\n{testbed._log_tail(proxy_component(node.name))}")
     progress(f"node {node.name} Ready after {time.monotonic() - started:.1f}s")
 
 

@@ -351,6 +351,10 @@ def _check_chart_on_node(
         raise AssertionError(f"{exc}\n{_diagnose(client, node)}") from None
     exporter, plugin = _chart_pod(client, "exporter"), _chart_pod(client, "kubeletplugin")
     assert exporter and plugin
+    # Ready by the chart's own probes, which the kubelet runs against the pod IPs from the host.
+    [exporter_container] = exporter["spec"]["containers"]
+    assert exporter_container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert plugin["spec"]["containers"][0]["livenessProbe"]["grpc"]
     # The plugin's socket is where the kubelet looks: in its --root-dir, through the hostPath mounts.
     assert (node.registry_dir / f"{DRIVER}-reg.sock").is_socket()
     assert (node.plugins_dir / DRIVER / "dra.sock").is_socket()
@@ -413,6 +417,7 @@ def _check_chart_on_node(
     exporter_sec = _proc_security(_container_pid(testbed, node, exporter))
     plugin_sec = _proc_security(_container_pid(testbed, node, plugin))
     assert exporter_sec["uid"] == [str(UID_NONROOT)] * 4 and exporter_sec["gid"] == [str(UID_NONROOT)] * 4
+    print(f"\nexporter container /proc: {exporter_sec}\nplugin container /proc: {plugin_sec}")
     # The plugin is UID 0 for the kubelet's root-owned directories, and nothing more (below).
     assert plugin_sec["uid"] == ["0"] * 4
     for sec in (exporter_sec, plugin_sec):
