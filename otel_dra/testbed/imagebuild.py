@@ -19,12 +19,16 @@ built again.
 
 buildah's storage lives under the cache (``<cache>/buildah``), never in /var/lib/containers; the
 image itself is removed from that storage once archived (vfs keeps every image as a full copy), so
-it holds the base alone between builds. Nothing stays mounted: every buildah working container is
-removed, and whatever debootstrap or buildah left mounted under the cache is unmounted.
+it holds the base alone between builds; the newest few archives are kept (checkouts share the
+cache), and one build runs at a time per cache (a lock file beside the storage). Nothing stays
+mounted: every buildah working container is removed, and whatever debootstrap or buildah left
+mounted under the cache is unmounted.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -33,7 +37,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -224,11 +228,37 @@ def _run(argv: Sequence[str], what: str, *, timeout: float = 1800, log: Path | N
 # --- the base ---------------------------------------------------------------------------------------
 
 
+# Archives of other trees are kept (several checkouts share the cache), up to this many.
+KEEP_ARCHIVES = 3
+
+
+@contextlib.contextmanager
+def _build_lock(root: Path, progress: Progress) -> Iterator[None]:
+    """One image build at a time per cache: checkouts share buildah's storage, and a build removes
+    the working containers it leaves (``buildah rm --all``), which would cut another one short."""
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / "imagebuild.lock").open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress(f"image: waiting for another image build in {root} to finish")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def build_base(cache_root: Path | None = None, progress: Progress = _to_stderr) -> tuple[str, float | None]:
     """The local base image's name, made unless buildah's storage has it; and the seconds making
     it took (None: it was there)."""
     check_tools()
     root = resolve_cache_root(cache_root)
+    with _build_lock(root, progress):
+        return _build_base(root, progress)
+
+
+def _build_base(root: Path, progress: Progress) -> tuple[str, float | None]:
     buildah = _Buildah(root)
     recipe = base_recipe()
     name = base_image_name(recipe)
@@ -320,8 +350,14 @@ def build_image(
     """The project's image as an OCI archive under ``<cache>/images/``: the local base (made when
     missing), then ``buildah bud`` of ``dockerfile``; skipped when an archive of the same inputs
     exists (``force``: build anyway)."""
+    check_tools()
     root = resolve_cache_root(cache_root)
-    base, base_seconds = build_base(root, progress)
+    with _build_lock(root, progress):
+        return _build_image(root, progress, dockerfile, context, force)
+
+
+def _build_image(root: Path, progress: Progress, dockerfile: Path, context: Path, force: bool) -> BuiltImage:
+    base, base_seconds = _build_base(root, progress)
     seconds: dict[str, float] = {} if base_seconds is None else {"base": base_seconds}
     digest = image_digest(base, dockerfile, context)
     name = f"{IMAGE_REPOSITORY}:{_version()}"
@@ -352,9 +388,9 @@ def build_image(
         buildah.run("push", name, f"oci-archive:{partial}:{name}")
         partial.rename(archive)
         seconds["archive"] = time.monotonic() - pushed
-        for old in archive.parent.glob("otel-dra-*.oci.tar"):
-            if old != archive:
-                old.unlink()
+        archives = sorted(archive.parent.glob("otel-dra-*.oci.tar"), key=lambda a: a.stat().st_mtime, reverse=True)
+        for old in archives[KEEP_ARCHIVES:]:
+            old.unlink(missing_ok=True)
     finally:
         # The archive is what is used; a full vfs copy of the image in the storage is not.
         buildah.run("rmi", "--force", name, check=False)

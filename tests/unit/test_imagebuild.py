@@ -134,3 +134,11 @@ def test_the_forwarder_stops_with_connections_open() -> None:
     client.close()
     upstream.close()
     server.close()
+
+
+def test_testbed_image_wants_dir_and_node_together(capsys: pytest.CaptureFixture[str]) -> None:
+    from otel_dra.cli import build_parser
+
+    args = build_parser().parse_args(["testbed", "image", "--node", "n1"])
+    assert args.func(args) == 1
+    assert "--dir and --node go together" in capsys.readouterr().err
