@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install peers protos lint test test-unit test-faults fuzz golden run sandbox bench bench-scale bench-plugin bench-soak manifests ci clean
+.PHONY: install node-prereqs image peers protos lint test test-unit test-faults fuzz golden run sandbox bench bench-scale bench-plugin bench-soak manifests ci clean
 
 install: $(VENV)/.installed
 
@@ -15,11 +15,30 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	$(BIN)/pip check
 	touch $@
 
+# Debian packages of the real node (tests marked `node`) and of the image build: runc and the CNI
+# plugins beside the containerd and kubelet built from Go modules, a static busybox for the node's
+# images, iptables/iproute2, and buildah + debootstrap (`make image`). Installed only when missing,
+# and only as root (apt-get); without root the node tests skip themselves and `make image` says why.
+NODE_DEBS = runc containernetworking-plugins busybox-static iptables iproute2 buildah debootstrap
+node-prereqs:
+	@missing=""; for pkg in $(NODE_DEBS); do dpkg -s $$pkg >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then echo "not root: not installing$$missing (the real-node tests and make image need them)"; exit 0; fi; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing
+
 # etcd, kube-apiserver/scheduler/controller-manager/kubectl/kubelet, helm, the OpenTelemetry
 # Collector (ocb), Jaeger and containerd (the node tests), all from Go modules into ~/.cache/otel-dra
 # (each skipped when already built), and the node's locally made images.
-peers: install
+peers: install node-prereqs
 	$(BIN)/otel-dra testbed build --helm --otelcol --jaeger --node
+
+# The project's image from the Dockerfile, without a registry or daemon: buildah (vfs, chroot) on a
+# local Debian base with Python 3.11 (debootstrap, cached by its recipe's digest), written as an OCI
+# archive under ~/.cache/otel-dra/images (rebuilt only when the Dockerfile or a file it copies
+# changed). Root. Load it into a testbed node with
+# `otel-dra testbed image --dir D --node n1`; with a registry, build as usual (README "The image").
+image: install node-prereqs
+	$(BIN)/otel-dra testbed image
 
 # Python gRPC stubs under otel_dra/_generated from proto/ (committed; tests/unit/test_protos.py
 # fails when they drift from the .proto files).

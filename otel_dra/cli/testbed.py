@@ -108,6 +108,23 @@ def add_parser(subparsers: Any) -> None:
     add_kubernetes_version_flag(p_up)
     p_up.set_defaults(func=cmd_up)
 
+    p_image = commands.add_parser(
+        "image",
+        help="build the project's image from the Dockerfile with buildah, on a local Debian base, and "
+        "optionally load it into a running testbed node",
+        description="No registry is needed: the Dockerfile's BASE is a Debian minbase with Python 3.11 made "
+        "with debootstrap (cached under the cache directory by a digest of its recipe), the build runs "
+        "`buildah bud` (vfs storage under the cache, chroot isolation; its pip step needs PyPI), and the "
+        "result is an OCI archive under <cache>/images, rebuilt only when the Dockerfile or a file it "
+        "copies changed. Needs root and Debian's buildah and debootstrap. Prints the image name and the "
+        "archive.",
+    )
+    p_image.add_argument("--cache", type=Path, default=None, help="cache directory (default: ~/.cache/otel-dra)")
+    p_image.add_argument("--dir", type=Path, help="a testbed directory whose node gets the image (with --node)")
+    p_image.add_argument("--node", metavar="NAME", help="load the image into this testbed node's containerd")
+    p_image.add_argument("--force", action="store_true", help="build even when an archive of the same inputs exists")
+    p_image.set_defaults(func=cmd_image)
+
     p_down = commands.add_parser(
         "down",
         help="stop the control plane started in DIR (keeps logs, deletes etcd data)",
@@ -160,6 +177,9 @@ def cmd_up(args: argparse.Namespace) -> int:
             args.dir,
             scheduler=args.scheduler or bool(args.node),
             controller_manager=args.controller_manager or bool(args.node),
+            # The node's pods (the Helm chart's) get ServiceAccount tokens, and their Deployments and
+            # DaemonSets controllers.
+            service_accounts=bool(args.node),
             timeout=args.timeout,
             kubernetes_version=args.kubernetes_version,
         )
@@ -178,18 +198,51 @@ def cmd_up(args: argparse.Namespace) -> int:
     for name, pid in testbed.pids.items():
         print(f"  {name}: pid {pid}, log {testbed.dir / 'logs' / f'{name}.log'}", file=sys.stderr)
     if args.node:
-        from otel_dra.testbed.node import node_of
+        from otel_dra.testbed.node import node_of, pod_api_server
 
         node = node_of(testbed, args.node)
+        api_host, api_port = pod_api_server(testbed, args.node)
         print(
             f"  node {node.name}: a DRA plugin takes --kubelet-plugins-directory-path={node.plugins_dir} "
             f"--kubelet-registrar-directory-path={node.registry_dir} --cdi-root={node.cdi_dir}; "
-            f"pod logs under {node.pod_logs}",
+            f"pod logs under {node.pod_logs}; pods reach the API server with "
+            f"KUBERNETES_SERVICE_HOST={api_host} KUBERNETES_SERVICE_PORT={api_port} (no kube-proxy)",
             file=sys.stderr,
         )
     print(f"stop it with: otel-dra testbed down --dir {testbed.dir}", file=sys.stderr)
     # stdout carries only what scripts need: `export $(otel-dra testbed up --dir d)`.
     print(f"KUBECONFIG={testbed.kubeconfig}")
+    return 0
+
+
+def cmd_image(args: argparse.Namespace) -> int:
+    from otel_dra.testbed.imagebuild import ImageBuildError, build_image
+
+    if bool(args.dir) != bool(args.node):
+        return _error("--dir and --node go together (the testbed node to load the image into)")
+    started = time.monotonic()
+    try:
+        image = build_image(args.cache, force=args.force)
+    except (BuildError, ImageBuildError) as exc:
+        return _error(str(exc))
+    steps = ", ".join(f"{step} {seconds:.0f}s" for step, seconds in image.seconds.items()) or "cached"
+    print(f"image {image.name} ({steps}): {image.archive}", file=sys.stderr)
+    if args.node:
+        from otel_dra.testbed.controlplane import Testbed
+        from otel_dra.testbed.node import load_image
+
+        try:
+            name = load_image(Testbed.load(args.dir), args.node, image.archive, image_name=image.name)
+        except TestbedError as exc:
+            return _error(str(exc))
+        print(
+            f"loaded into node {args.node}: pods use image {name} with imagePullPolicy Never or IfNotPresent "
+            f"(helm: --set image.repository={image.repository} --set image.tag={image.tag})",
+            file=sys.stderr,
+        )
+    print(f"done in {time.monotonic() - started:.0f}s", file=sys.stderr)
+    print(f"IMAGE={image.name}")
+    print(f"ARCHIVE={image.archive}")
     return 0
 
 

@@ -39,6 +39,21 @@ CONTROLLER_MANAGER = "kube-controller-manager"
 COMPONENTS = (ETCD, APISERVER, SCHEDULER, CONTROLLER_MANAGER)
 
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+# The testbed node's bridge address (otel_dra.testbed.node.BRIDGE_ADDRESS), where its pods reach the
+# API server: the serving certificate names it.
+NODE_POD_API_IP = "10.244.240.1"
+# What pods that talk to the API server need from the control plane (``up(service_accounts=True)``,
+# `testbed up --node`): the ServiceAccount admission plugin mounts each pod's token, the
+# serviceaccount controller makes every namespace's `default` ServiceAccount (without it that
+# plugin rejects pods), and the root-CA publisher the kube-root-ca.crt ConfigMap the token volume
+# holds; and the workload controllers a Helm chart's Deployment and DaemonSet need.
+POD_CONTROLLERS = (
+    "serviceaccount-controller",
+    "root-ca-certificate-publisher-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "daemonset-controller",
+)
 # Alpha DRA features whose fields the exporter reads: without them the API server drops the fields
 # (and may then reject the object, e.g. a slice without `perDeviceNodeSelection`). The exporter must
 # handle every v1 shape, so the testbed accepts them:
@@ -395,6 +410,7 @@ def up(
     apiserver_args: Sequence[str] = (),
     kubernetes_version: str | KubernetesRelease | None = None,
     extra_controllers: Sequence[str] = (),
+    service_accounts: bool = False,
 ) -> Testbed:
     """Start a control plane with its state under ``dir`` and return once every part is ready.
 
@@ -405,6 +421,9 @@ def up(
     kube-apiserver flags; ``extra_controllers`` are kube-controller-manager controllers to run
     besides the resourceclaim and garbage-collector ones. ``kubernetes_version`` picks the release
     (default: kubernetes_release()), which must be the one ``binaries`` were built from.
+    ``service_accounts``: pods get ServiceAccount tokens and workload controllers run
+    (:data:`POD_CONTROLLERS`; needs ``controller_manager``), for pods of a real node that talk to
+    the API server, such as the Helm chart's.
     """
     release = kubernetes_release(kubernetes_version)
     settings = release_settings(release)
@@ -449,6 +468,10 @@ def up(
         apiserver_args = [*apiserver_args, f"--runtime-config={settings.taint_rule_api}=true"]
         taint_rules_served = True
     controllers = ["resourceclaim-controller", "garbage-collector-controller", *extra_controllers]
+    if service_accounts:
+        if not controller_manager:
+            raise TestbedError("service_accounts=True needs controller_manager=True (the serviceaccount controller)")
+        controllers += [c for c in POD_CONTROLLERS if c not in controllers]
     if taint_rules_served:
         controllers.append("device-taint-eviction-controller")
     testbed = Testbed(
@@ -495,7 +518,8 @@ def up(
         # reject every Pod (TokenRequest does not depend on it). TaintNodesByCondition: it taints
         # every new Node not-ready, and only the node-lifecycle controller (deliberately not run:
         # there are no kubelets) would lift the taint, so no Pod could ever be scheduled.
-        "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+        # With service_accounts the serviceaccount controller does make them, and the plugin stays.
+        f"--disable-admission-plugins={'' if service_accounts else 'ServiceAccount,'}TaintNodesByCondition",
         # The `kubernetes` Service's Endpoints may not hold a loopback address: the default reconciler
         # would log a validation error every few seconds. Nothing runs in-cluster to need them.
         "--endpoint-reconciler-type=none",
@@ -555,6 +579,8 @@ def up(
         for name in (SCHEDULER, CONTROLLER_MANAGER):
             if name in testbed.components:
                 testbed._wait_ready(name, timeout)
+        if service_accounts:
+            _wait_pod_credentials(testbed, timeout)
     except BaseException:
         with contextlib.suppress(Exception):
             testbed.down()
@@ -583,6 +609,7 @@ def running(
     apiserver_args: Sequence[str] = (),
     kubernetes_version: str | KubernetesRelease | None = None,
     extra_controllers: Sequence[str] = (),
+    service_accounts: bool = False,
 ) -> Iterator[Testbed]:
     """``up`` on entry and ``down`` on exit, for fixtures and scripts."""
     testbed = up(
@@ -595,11 +622,31 @@ def running(
         apiserver_args=apiserver_args,
         kubernetes_version=kubernetes_version,
         extra_controllers=extra_controllers,
+        service_accounts=service_accounts,
     )
     try:
         yield testbed
     finally:
         testbed.down()
+
+
+def _wait_pod_credentials(testbed: Testbed, timeout: float, namespace: str = "default") -> None:
+    """Until the controllers made ``namespace``'s `default` ServiceAccount and kube-root-ca.crt: a
+    pod created before would be rejected (no ServiceAccount) or kept from starting (no CA)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = testbed.kubectl(
+            "get", f"--namespace={namespace}", "serviceaccount/default", "configmap/kube-root-ca.crt", "-o", "name",
+            check=False,
+        )  # fmt: skip
+        if found.returncode == 0 and len(found.stdout.split()) == 2:
+            return
+        if time.monotonic() > deadline:
+            raise TestbedError(
+                f"no `default` ServiceAccount and kube-root-ca.crt in namespace {namespace} after {timeout:.0f}s: "
+                f"{found.stderr.strip()}\n{testbed._log_tail(CONTROLLER_MANAGER)}"
+            )
+        time.sleep(0.2)
 
 
 # --- helpers -----------------------------------------------------------------------------------------
@@ -637,12 +684,13 @@ def _make_pki(pki: Path) -> None:
         "req", *ec_key, "-keyout", "apiserver.key", "-out", "apiserver.csr", "-subj", "/CN=kube-apiserver",
         cwd=pki,
     )  # fmt: skip
-    # 10.0.0.1 is the `kubernetes` Service's cluster IP in SERVICE_CLUSTER_IP_RANGE.
+    # 10.0.0.1 is the `kubernetes` Service's cluster IP in SERVICE_CLUSTER_IP_RANGE; NODE_POD_API_IP
+    # is where a testbed node's pods reach the API server (through otel_dra.testbed.forward).
     (pki / "apiserver.ext").write_text(
         "basicConstraints=CA:FALSE\n"
         "keyUsage=critical,digitalSignature,keyEncipherment\n"
         "extendedKeyUsage=serverAuth\n"
-        "subjectAltName=IP:127.0.0.1,DNS:localhost,IP:10.0.0.1,DNS:kubernetes,"
+        f"subjectAltName=IP:127.0.0.1,DNS:localhost,IP:10.0.0.1,IP:{NODE_POD_API_IP},DNS:kubernetes,"
         "DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
     )
     openssl(

@@ -27,6 +27,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -44,6 +45,7 @@ from otel_dra.testbed.build import (
     resolve_cache_root,
 )
 from otel_dra.testbed.controlplane import (
+    NODE_POD_API_IP,
     Testbed,
     TestbedError,
     component_exited,
@@ -61,11 +63,15 @@ Progress = Callable[[str], None]
 RUNC = Path("/usr/sbin/runc")
 CNI_BIN_DIR = Path("/usr/lib/cni")
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
-# The pods' network: an isolated bridge without an address on the host, no gateway, no masquerade,
-# no routes, so pod traffic never leaves the machine (a CNI network is required even for
-# host-network pods: without one the Node stays NotReady).
+# The pods' network: an isolated bridge with no masquerade and no routes, so pod traffic never
+# leaves the machine (a CNI network is required even for host-network pods: without one the Node
+# stays NotReady). The bridge holds BRIDGE_ADDRESS on the host: the kubelet's HTTP and gRPC probes
+# and a Prometheus on the host reach pod IPs through it, and pods reach services the host offers on
+# that address (nothing else: a pod has no default route). The address is on-link only, so nothing
+# of the pods' subnet is routed anywhere but this bridge.
 BRIDGE = "otel-dra0"
 POD_SUBNET = "10.244.240.0/24"
+BRIDGE_ADDRESS = NODE_POD_API_IP
 # Paths outside the node's directory that the kubelet or containerd write and no flag moves.
 OUTSIDE_PATHS = (
     "/var/lib/kubelet",
@@ -104,8 +110,6 @@ _STOP_TIMEOUT = 20.0
 
 
 def _to_stderr(line: str) -> None:
-    import sys
-
     print(line, file=sys.stderr, flush=True)
 
 
@@ -506,12 +510,14 @@ def cni_config(layout: NodeLayout) -> str:
                 {
                     "type": "bridge",
                     "bridge": BRIDGE,
-                    "isGateway": False,
+                    # The bridge gets the range's gateway address; isDefaultGateway stays off, so
+                    # pods get no default route through it.
+                    "isGateway": True,
                     "ipMasq": False,
                     "hairpinMode": False,
                     "ipam": {
                         "type": "host-local",
-                        "ranges": [[{"subnet": POD_SUBNET}]],
+                        "ranges": [[{"subnet": POD_SUBNET, "gateway": BRIDGE_ADDRESS}]],
                         "dataDir": str(layout.dir / "cni-ipam"),
                     },
                 }
@@ -602,6 +608,21 @@ def kubelet_component(name: str) -> str:
 
 def containerd_component(name: str) -> str:
     return f"containerd-{name}"
+
+
+def proxy_component(name: str) -> str:
+    return f"apiserver-proxy-{name}"
+
+
+def pod_api_server(testbed: Testbed, name: str) -> tuple[str, int]:
+    """Where node ``name``'s pods reach the API server: ``KUBERNETES_SERVICE_HOST`` and
+    ``KUBERNETES_SERVICE_PORT`` for them (there is no kube-proxy behind the ``kubernetes``
+    Service's cluster IP). The API server's certificate names this address."""
+    record = testbed.nodes.get(name)
+    if record is None or "pod_api" not in record:
+        raise TestbedError(f"no node {name!r} in the testbed in {testbed.dir}")
+    host, port = record["pod_api"]
+    return str(host), int(port)
 
 
 def node_of(testbed: Testbed, name: str) -> Node:
@@ -811,6 +832,22 @@ def _start(
             raise TestbedError(f"ctr images import {image} failed: {result.stderr.strip()}")
     progress(f"node {node.name}: containerd ready, images loaded ({time.monotonic() - started:.1f}s)")
 
+    # The API server for the node's pods (they cannot reach the host's loopback): see forward.py.
+    [proxy_port] = free_ports(1)
+    api_port = int(testbed.server.rpartition(":")[2])
+    testbed._spawn(
+        proxy_component(node.name),
+        [
+            sys.executable, "-m", "otel_dra.testbed.forward",
+            f"--listen={BRIDGE_ADDRESS}:{proxy_port}", f"--connect=127.0.0.1:{api_port}",
+        ],
+        # This checkout's otel_dra first, whatever the interpreter has installed.
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")) if p
+        )},
+    )  # fmt: skip
+    testbed.nodes[node.name]["pod_api"] = [BRIDGE_ADDRESS, proxy_port]
+
     kubelet = kubelet_component(node.name)
     testbed._spawn(
         kubelet,
@@ -828,7 +865,52 @@ def _start(
     testbed.nodes[node.name]["ports"] = ports
     testbed._save_state()
     _wait(f"node {node.name} Ready", lambda: _kubelet_ready(testbed, node.name), testbed, kubelet, timeout, progress)
+    proxy = testbed.components[proxy_component(node.name)]
+    if component_exited(int(proxy["pid"]), proxy.get("start_time")):
+        raise TestbedError(f"the pods' API server forwarder exited\n{testbed._log_tail(proxy_component(node.name))}")
     progress(f"node {node.name} Ready after {time.monotonic() - started:.1f}s")
+
+
+def load_image(testbed: Testbed, name: str, archive: Path, *, image_name: str | None = None) -> str:
+    """Import an OCI archive (``buildah push ... oci-archive:``, :mod:`otel_dra.testbed.imagebuild`)
+    into node ``name``'s containerd, in the k8s.io namespace the kubelet uses; return the image name
+    pods refer to, as containerd lists it.
+
+    ctr names an imported image after its ``io.containerd.image.name`` annotation, else after the
+    ``org.opencontainers.image.ref.name`` that buildah writes, but only when that name starts with
+    ``--base-name`` (a full name otherwise gets dropped and the image stays unnamed): so the
+    repository of the archive's own name is passed as the base name.
+    """
+    from otel_dra.testbed.imagebuild import archive_image_name
+
+    record = testbed.nodes.get(name)
+    if record is None:
+        raise TestbedError(f"no node {name!r} in the testbed in {testbed.dir}")
+    image_name = image_name or archive_image_name(archive)
+    ctr = ctr_argv(testbed, NodeLayout(Path(record["dir"])), name)
+    result = subprocess.run(
+        [*ctr, "images", "import", f"--base-name={image_name.rpartition(':')[0]}", str(archive)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if result.returncode != 0:
+        raise TestbedError(f"ctr images import {archive} failed: {result.stderr.strip()}")
+    listed = subprocess.run([*ctr, "images", "ls", "--quiet"], capture_output=True, text=True, timeout=60)
+    if image_name not in listed.stdout.split():
+        raise TestbedError(
+            f"ctr images import {archive} did not name the image {image_name} (containerd has: "
+            f"{', '.join(listed.stdout.split()) or 'nothing'})"
+        )
+    return image_name
+
+
+def ctr_argv(testbed: Testbed, layout: NodeLayout, name: str) -> list[str]:
+    """`ctr` against node ``name``'s containerd, in the k8s.io namespace (the kubelet's)."""
+    argv = testbed.components.get(containerd_component(name), {}).get("argv") or []
+    if not argv:
+        raise TestbedError(f"node {name!r} has no containerd in {testbed.dir}")
+    return [str(Path(argv[0]).with_name("ctr")), f"--address={layout.containerd_socket}", "--namespace=k8s.io"]
 
 
 def _kubelet_gates(testbed: Testbed) -> dict[str, bool]:
@@ -948,6 +1030,7 @@ def stop_node(testbed: Testbed, name: str, *, progress: Progress = _to_stderr, t
     if _alive(testbed, ctd):
         _remove_containers(layout, testbed, name)
     testbed._stop(ctd, _STOP_TIMEOUT)
+    testbed._stop(proxy_component(name), _STOP_TIMEOUT)
     _kill_shims(layout)
     recorded: dict[str, Any] = {}
     with contextlib.suppress(FileNotFoundError, ValueError):
@@ -963,6 +1046,7 @@ def stop_node(testbed: Testbed, name: str, *, progress: Progress = _to_stderr, t
     testbed.nodes.pop(name, None)
     testbed.components.pop(kubelet, None)
     testbed.components.pop(ctd, None)
+    testbed.components.pop(proxy_component(name), None)
     testbed._save_state()
     progress(f"node {name} stopped and the host restored in {time.monotonic() - started:.1f}s")
     if errors:
@@ -1076,6 +1160,8 @@ __all__ = [
     "Node",
     "NodeLayout",
     "host_support",
+    "load_image",
+    "pod_api_server",
     "record_host",
     "restart_kubelet",
     "start_node",

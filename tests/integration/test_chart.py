@@ -805,7 +805,8 @@ def test_plugin_daemonset_is_as_restricted_as_it_can_be(helm):
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert host_paths == {
-        "plugins": "/var/lib/kubelet/plugins",
+        # Its own directory only, not other drivers' sockets (the flag names the parent).
+        "plugins": "/var/lib/kubelet/plugins/gpu.example.com",
         "plugins-registry": "/var/lib/kubelet/plugins_registry",
         "cdi": "/var/run/cdi",
     }
