@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 PODS = ResourceType("pods", "v1")
 _CLAIMS = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
+# The gRPC package of the kubelet's DRA service (k8s.io/kubelet/pkg/apis/dra/<version>/api.proto).
+_DRA_PACKAGE = "k8s.io.kubelet.pkg.apis.dra"
 
 
 class Retry(Exception):
@@ -364,8 +366,9 @@ class PodSync:
                 f"kubelet {method}",
                 kind=SpanKind.CLIENT,
                 attributes={
-                    "rpc.system": "grpc",
-                    "rpc.method": method,
+                    # The RPC conventions the plugin's server spans follow (rpc.method fully qualified).
+                    "rpc.system.name": "grpc",
+                    "rpc.method": f"{_DRA_PACKAGE}.{plugin.version}/{method}",
                     "k8s.node.name": node,
                     "otel_dra.driver": driver,
                 },
