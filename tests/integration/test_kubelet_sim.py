@@ -224,10 +224,13 @@ def test_full_cycle_prepare_then_unprepare(cluster):
     assert len(steps) >= 3
     # The emulator's traceparent is honoured: the plugin's span is a child of the kubelet's call.
     (call,) = [s for s in cluster.kubelet_spans.get_finished_spans() if s.name == "kubelet NodePrepareResources"]
-    assert dict(call.attributes or {}).items() >= {
-        "rpc.system.name": "grpc",
-        "rpc.method": "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
-    }.items()
+    assert (
+        dict(call.attributes or {}).items()
+        >= {
+            "rpc.system.name": "grpc",
+            "rpc.method": "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
+        }.items()
+    )
     assert rpc.trace_id == call.context.trace_id.to_bytes(16, "big")
     assert rpc.parent_span_id == call.context.span_id.to_bytes(8, "big")
 
