@@ -67,7 +67,8 @@ VARIANTS = ("off", "on", "go")
 # klog's text header: severity, MMDD, time to the microsecond, thread id, file:line.
 _KLOG_CALL = re.compile(
     r"^[IWEF](?P<month>\d\d)(?P<day>\d\d) (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)\.(?P<us>\d{6})\s+\d+ "
-    r"dra_plugin\.go:\d+\] \"(?P<phase>Calling|Done calling) (?P<method>NodePrepareResources|NodeUnprepareResources?) rpc\""
+    r"dra_plugin\.go:\d+\] \"(?P<phase>Calling|Done calling) "
+    r"(?P<method>NodePrepareResources|NodeUnprepareResources?) rpc\""
     r"(?P<rest>.*)$"
 )
 _UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -228,10 +229,11 @@ def _wait(what: str, predicate: Any, timeout: float, interval: float = 0.05) -> 
 
 
 class Bench:
-    def __init__(self, testbed: Any, node: Any, upstream: Path, sink_port: int, work: Path) -> None:
+    def __init__(self, testbed: Any, node: Any, upstream: Path, sink_port: int, work: Path, source: Path) -> None:
         from otel_dra.kube.client import KubeClient, load_credentials
 
         self.testbed, self.node, self.upstream, self.sink_port, self.work = testbed, node, upstream, sink_port, work
+        self.source = source
         self.client = KubeClient(load_credentials(str(testbed.kubeconfig)))
         self.kubelet_port = int(testbed.nodes[node.name]["ports"]["kubelet"])
         self.next_pod = 0
@@ -250,7 +252,7 @@ class Bench:
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
         if variant == "go":
             return [str(self.upstream), *common], env
-        env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = str(self.source)
         if variant == "on":
             env["OTEL_EXPORTER_OTLP_PROTOCOL"] = "http/protobuf"
             env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = f"http://127.0.0.1:{self.sink_port}/v1/traces"
@@ -269,7 +271,8 @@ class Bench:
         _wait("old slices gone", lambda: not self._devices(), 30)
 
     def _devices(self) -> int:
-        slices = self.client.get_json(f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName={self.node.name}")
+        path = f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName={self.node.name}"
+        slices = self.client.get_json(path)
         return sum(len(s["spec"].get("devices") or []) for s in slices["items"] if s["spec"].get("driver") == DRIVER)
 
     def _pods(self) -> dict[str, str]:
@@ -400,6 +403,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS), help="of off,on,go")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--keep", type=Path, default=None, help="copy the kubelet and driver logs here")
+    parser.add_argument(
+        "--plugin-source",
+        type=Path,
+        default=Path(__file__).resolve().parents[1],
+        help="the source tree whose otel_dra the plugin variants run (default: this one; another "
+        "commit's `git archive` to compare before/after on the same machine state)",
+    )
     args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     if not set(variants) <= set(VARIANTS):
@@ -426,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         ):
             try:
                 node = start_node(testbed, NODE, kubelet_flags=[KUBELET_VMODULE])
-                bench = Bench(testbed, node, upstream, sink_port, Path(tmp))
+                bench = Bench(testbed, node, upstream, sink_port, Path(tmp), args.plugin_source.resolve())
                 from otel_dra.cli.demo import demo_objects
 
                 device_class, _, template = demo_objects(DRIVER)
@@ -460,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
         "pods_per_round": args.pods,
         "rounds_per_variant": args.rounds,
         "devices": DEVICES,
+        "plugin_source": str(args.plugin_source),
     }
     names = {"off": "ours_tracing_off", "on": "ours_tracing_on", "go": "upstream_go"}
     for variant in variants:

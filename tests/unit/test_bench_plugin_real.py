@@ -81,7 +81,9 @@ def test_histogram_sums_select_by_labels():
         ]
     )
     method = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
-    assert histogram_sums(text, "dra_grpc_operations_duration_seconds", driver_name="gpu.example.com", method_name=method) == (
+    assert histogram_sums(
+        text, "dra_grpc_operations_duration_seconds", driver_name="gpu.example.com", method_name=method
+    ) == (
         pytest.approx(0.02),
         4.0,
     )
