@@ -13,9 +13,10 @@ variants, in alternated back-to-back rounds so that each sees the same drift of 
   :func:`otel_dra.testbed.build.build_upstream_driver`; bench only).
 
 Each round starts the variant (state directories emptied, the node's old ResourceSlices deleted),
-waits until the kubelet has connected to it and its slices are published, creates ``--pods``
-busybox pods that take one device each through a ResourceClaimTemplate, waits until all are
-Running, deletes them and waits until they are gone (the kubelet unprepares first), then stops it.
+waits until the kubelet has connected to it and its slices are published, then cycles ``--pods``
+busybox pods that take one device each through a ResourceClaimTemplate, ``--parallel`` at a time
+(default 1): create, wait until Running, delete, wait until gone (the kubelet unprepares first);
+then stops it.
 
 Measured per variant:
 - NodePrepareResources / NodeUnprepareResources per call as the kubelet times them: the kubelet's
@@ -196,13 +197,13 @@ def _grpc(text: str, method: str) -> tuple[float, float]:
     )
 
 
-def _pod(index: int) -> dict[str, Any]:
+def _pod(name: str) -> dict[str, Any]:
     from otel_dra.testbed.images import BUSYBOX_IMAGE
 
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": f"bench-{index}", "namespace": NAMESPACE},
+        "metadata": {"name": name, "namespace": NAMESPACE},
         "spec": {
             "terminationGracePeriodSeconds": 1,
             "containers": [
@@ -279,7 +280,7 @@ class Bench:
         items = self.client.get_json(f"/api/v1/namespaces/{NAMESPACE}/pods")["items"]
         return {p["metadata"]["name"]: (p.get("status") or {}).get("phase", "Pending") for p in items}
 
-    def round(self, variant: str, pods: int) -> dict[str, Any]:
+    def round(self, variant: str, pods: int, parallel: int) -> dict[str, Any]:
         self._clean()
         log = self.node.kubelet_log
         offset = log.stat().st_size
@@ -312,24 +313,27 @@ class Bench:
             names = [f"bench-{self.next_pod + i}" for i in range(pods)]
             created: dict[str, float] = {}
             running: dict[str, float] = {}
-            for i, name in enumerate(names):
-                self.client.send_json("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", _pod(self.next_pod + i))
-                created[name] = time.monotonic()
+            # Waves of `parallel` pods: created together, all Running, deleted together, all gone.
+            for first in range(0, pods, parallel):
+                wave = names[first : first + parallel]
+                for name in wave:
+                    self.client.send_json("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", _pod(name))
+                    created[name] = time.monotonic()
+
+                def all_running(wave: list[str] = wave) -> bool:
+                    now = time.monotonic()
+                    for name, phase in self._pods().items():
+                        if phase == "Running" and name in created:
+                            running.setdefault(name, now)
+                        if phase == "Failed":
+                            raise RuntimeError(f"pod {name} failed")
+                    return all(name in running for name in wave)
+
+                _wait(f"{variant}: {len(wave)} pods Running", all_running, 180)
+                for name in wave:
+                    self.client.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+                _wait(f"{variant}: pods gone", lambda: not self._pods(), 180)
             self.next_pod += pods
-
-            def all_running() -> bool:
-                now = time.monotonic()
-                for name, phase in self._pods().items():
-                    if phase == "Running" and name in created:
-                        running.setdefault(name, now)
-                    if phase == "Failed":
-                        raise RuntimeError(f"pod {name} failed")
-                return len(running) == pods
-
-            _wait(f"{variant}: {pods} pods Running", all_running, 180)
-            for name in names:
-                self.client.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
-            _wait(f"{variant}: pods gone", lambda: not self._pods(), 180, interval=0.1)
             cpu_round = cpu_seconds(proc.pid) - cpu_before
             rss = rss_mib(proc.pid)
         finally:
@@ -341,6 +345,10 @@ class Bench:
                 proc.wait()
             out.close()
         after = kubelet_metrics(self.node.layout.dir, self.kubelet_port)
+        spans: dict[str, list[float]] = {}
+        if variant == "on":  # stopped: the last spans are flushed
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.sink_port}/spans", timeout=10) as resp:
+                spans = json.loads(resp.read())
         with log.open("rb") as f:
             f.seek(offset)
             calls = kubelet_dra_calls(f.read().decode(errors="replace"))
@@ -357,6 +365,7 @@ class Bench:
             "cpu_s": cpu_round,
             "startup_cpu_s": startup_cpu,
             "registered_s": registered_s,
+            "spans": spans,
         }
 
 
@@ -380,6 +389,14 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     out["cpu_s_per_round"] = round(statistics.median(r["cpu_s"] for r in rounds), 3)
     out["startup_cpu_s"] = round(statistics.median(r["startup_cpu_s"] for r in rounds), 3)
     out["registered_after_s"] = round(statistics.median(r["registered_s"] for r in rounds), 2)
+    spans: dict[str, list[float]] = {}
+    for r in rounds:
+        for name, seconds in r.get("spans", {}).items():
+            spans.setdefault(name, []).extend(seconds)
+    if spans:
+        # Where the time goes inside the plugin (tracing on): mean per span name.
+        out["span_mean_ms"] = {name: ms(statistics.fmean(v)) for name, v in sorted(spans.items())}
+        out["span_count"] = {name: len(v) for name, v in sorted(spans.items())}
     return out
 
 
@@ -399,7 +416,15 @@ RATIO_KEYS = (
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.plugin --kubelet real", description=__doc__)
     parser.add_argument("--rounds", type=int, default=3, help="rounds per variant (after one warm-up of each)")
-    parser.add_argument("--pods", type=int, default=12, help="pods per round")
+    parser.add_argument("--pods", type=int, default=10, help="pods per round")
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        help="pods in flight at once (default 1: each pod created, Running, deleted and gone before "
+        "the next, so that each call times the driver's path rather than the machine's queue "
+        "behind 12 sandboxes starting on 2 cores)",
+    )
     parser.add_argument("--variants", default=",".join(VARIANTS), help="of off,on,go")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--keep", type=Path, default=None, help="copy the kubelet and driver logs here")
@@ -445,11 +470,11 @@ def main(argv: list[str] | None = None) -> int:
                 create(bench.client, template)
                 with measuring():
                     for variant in variants:  # warm-up: page cache, .pyc files, first connections
-                        bench.round(variant, 2)
+                        bench.round(variant, 2, args.parallel)
                     for r in range(args.rounds):
                         # Rotate the order so no variant always follows the same one.
                         for variant in variants[r % len(variants) :] + variants[: r % len(variants)]:
-                            result = bench.round(variant, args.pods)
+                            result = bench.round(variant, args.pods, args.parallel)
                             rounds[variant].append(result)
                             print(variant, {k: v for k, v in summarize([result]).items()}, flush=True)
             finally:
@@ -468,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         "kubelet": "real (testbed node: kubelet v1.34.4, containerd v2.4.2)",
         "upstream": f"sigs.k8s.io/dra-example-driver {UPSTREAM_DRIVER_VERSION} cmd/dra-example-kubeletplugin",
         "pods_per_round": args.pods,
+        "pods_in_flight": args.parallel,
         "rounds_per_variant": args.rounds,
         "devices": DEVICES,
         "plugin_source": str(args.plugin_source),
