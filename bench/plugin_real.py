@@ -289,7 +289,9 @@ class Bench:
         argv, env = self._argv(variant, metrics_port)
         out = (self.work / f"{variant}.log").open("ab")
         started = time.monotonic()
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        # cwd: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH.
+        cwd = self.source if variant != "go" else self.work
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
         try:
             connected = re.compile(rf'"Connection changed" .*driverName="{re.escape(DRIVER)}" .*connected=true')
             startup_cpu = 0.0
