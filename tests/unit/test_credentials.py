@@ -4,6 +4,7 @@ and leave everything else to them."""
 
 from __future__ import annotations
 
+import ast
 import base64
 import os
 import subprocess
@@ -138,20 +139,47 @@ def test_in_cluster_service_account(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert kube_client._in_cluster(env, token, ca) is None  # an empty token: the library's error
 
 
-def test_the_plugin_path_does_not_import_the_kubernetes_package(tmp_path: Path) -> None:
-    path = _write(tmp_path / "kubeconfig", {"server": "https://h:1", "insecure-skip-tls-verify": True}, {"token": "t"})
-    code = (
-        "import sys; from otel_dra.kube.client import load_credentials; load_credentials(sys.argv[1]); "
-        "import otel_dra.cli; otel_dra.cli.build_parser('plugin'); "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'yaml_', 'otel_dra') and "
-        "m.startswith(('kubernetes', 'otel_dra.testbed', 'otel_dra.kubeletsim', 'otel_dra.cluster'))))"
+def _imported_after(code: str, *args: str) -> list[str]:
+    """The unwanted modules a fresh interpreter has imported after ``code``."""
+    unwanted = (
+        "print(sorted(m for m in sys.modules if m == 'yaml' or m.startswith(('kubernetes', 'otel_dra.testbed', "
+        "'otel_dra.kubeletsim', 'otel_dra.cluster', 'otel_dra.cli.demo', 'otel_dra.cli.testbed'))))"
     )
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run(
-        [sys.executable, "-c", code, path],
+        [sys.executable, "-c", f"import sys\n{code}\n{unwanted}", *args],
         capture_output=True,
         text=True,
         check=True,
         env={**os.environ, "PYTHONPATH": str(root)},
     )
-    assert out.stdout.strip() == "[]"
+    return list(ast.literal_eval(out.stdout))
+
+
+# What `otel-dra plugin` imports on its way to serving (cli/plugin.py's start_plugin).
+_PLUGIN_PATH = """
+import otel_dra.cli
+otel_dra.cli.build_parser("plugin")
+from otel_dra.plugin import cdi, checkpoint, devices, driver, metrics, server, slices
+from otel_dra.telemetry import exposition, http, provider, tracing
+from otel_dra.cli import web
+"""
+
+
+def test_the_plugin_in_a_pod_imports_neither_kubernetes_nor_yaml(tmp_path: Path) -> None:
+    """Start-up CPU (docs/benchmarks.md, real kubelet): the kubernetes package alone was 0.36 s."""
+    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    token.write_text("t")
+    ca.write_bytes(CA)
+    code = (
+        "from pathlib import Path\nfrom otel_dra.kube import client\n"
+        "env = {'KUBERNETES_SERVICE_HOST': '10.0.0.1', 'KUBERNETES_SERVICE_PORT': '443'}\n"
+        "assert client._in_cluster(env, Path(sys.argv[1]), Path(sys.argv[2])) is not None\n" + _PLUGIN_PATH
+    )
+    assert _imported_after(code, str(token), str(ca)) == []
+
+
+def test_a_kubeconfig_needs_yaml_but_not_the_kubernetes_package(tmp_path: Path) -> None:
+    path = _write(tmp_path / "kubeconfig", {"server": "https://h:1", "insecure-skip-tls-verify": True}, {"token": "t"})
+    code = "from otel_dra.kube.client import load_credentials\nload_credentials(sys.argv[1])\n" + _PLUGIN_PATH
+    assert _imported_after(code, path) == ["yaml"]
