@@ -285,9 +285,9 @@ class Driver:
             except ApiError as exc:
                 if exc.status:
                     span.set_attribute(HTTP_STATUS, exc.status)
-                span.set_attribute(ERROR_TYPE, str(exc.status) if exc.status else type(exc.__cause__).__name__)
                 if cached and exc.status == 404:
-                    return None  # not in the cache (yet): the quorum read decides
+                    return None  # not in the cache (yet), no error: the quorum read decides
+                span.set_attribute(ERROR_TYPE, str(exc.status) if exc.status else type(exc.__cause__).__name__)
                 if exc.status == 404:
                     raise ClaimError("NotFound", f"ResourceClaim {ref.namespace}/{ref.name} not found") from exc
                 if exc.status == 0:

@@ -361,7 +361,7 @@ def test_prepare_error_paths(start, kubelet, node, namespace, admin_client):
     # may lag); the quorum read that decides is.
     cache_miss, quorum = not_found_get
     assert cache_miss.attributes["url.full"].endswith("?resourceVersion=0")
-    assert cache_miss.status.status_code == StatusCode.UNSET
+    assert cache_miss.status.status_code == StatusCode.UNSET and "error.type" not in cache_miss.attributes
     assert not quorum.attributes["url.full"].endswith("?resourceVersion=0")
     assert quorum.status.status_code == StatusCode.ERROR
     (rpc,) = [s for s in _spans(app) if s.kind == SpanKind.SERVER]
