@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install node-prereqs image peers protos lint test test-unit test-faults fuzz golden run sandbox bench bench-scale bench-plugin bench-soak manifests ci clean
+.PHONY: install node-prereqs image peers protos lint test test-unit test-faults fuzz golden run sandbox bench bench-scale bench-plugin bench-plugin-real bench-soak manifests ci clean
 
 install: $(VENV)/.installed
 
@@ -115,6 +115,11 @@ bench-scale: peers
 # Issue #3: prepare/unprepare latency through the kubelet emulator, tracing off and on.
 bench-plugin: peers
 	$(BIN)/python -m bench.plugin --json docs/bench-plugin.json
+
+# A real kubelet + containerd node (root; takes /tmp/otel-dra-node.flock) and the upstream Go driver,
+# which the bench builds into the peer cache on first use (never part of `make peers` or CI).
+bench-plugin-real: peers
+	$(BIN)/python -m bench.plugin --kubelet real --json docs/bench-plugin-real.json
 
 # One exporter with OTLP on for 30 minutes at 10,000 claims and 200 changes/s: RSS slope after
 # warm-up (target <= 1 MiB per 10 minutes), threads, fds, scrape p95 over time, and the plot.

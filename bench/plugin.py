@@ -1,6 +1,7 @@
 """Prepare/unprepare benchmark of the example kubelet plugin, through the kubelet emulator (issue #3).
 
     python -m bench.plugin [--rounds 6] [--pods 48] [--json docs/bench-plugin.json]
+    python -m bench.plugin --kubelet real [--rounds 3] [--pods 12] [--json ...]   (bench/plugin_real.py)
 
 A real control plane (kube-apiserver, kube-scheduler, kube-controller-manager) and one node whose
 plugin (``otel-dra plugin``, its own process) publishes 64 simulated GPUs. Each round creates
@@ -189,7 +190,22 @@ def summarize(rounds: list[dict[str, Any]], cpu: float) -> dict[str, Any]:
 
 
 def main() -> int:
+    # The real-kubelet mode has its own options (bench/plugin_real.py): hand it the rest.
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--kubelet", choices=("emulator", "real"), default="emulator")
+    known, rest = early.parse_known_args()
+    if known.kubelet == "real":
+        from bench.plugin_real import main as real_main
+
+        return real_main(rest)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--kubelet",
+        choices=("emulator", "real"),
+        default="emulator",
+        help="emulator (default): otel-dra kubelet-sim; real: a real kubelet + containerd node, "
+        "side by side with the upstream Go driver (root; see bench/plugin_real.py)",
+    )
     parser.add_argument("--rounds", type=int, default=6, help="rounds in all, alternating tracing off/on")
     parser.add_argument("--pods", type=int, default=48)
     parser.add_argument("--json", type=Path, default=None)

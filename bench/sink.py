@@ -31,11 +31,23 @@ def driver_seconds(body: bytes) -> list[float]:
     ]
 
 
+def span_seconds(body: bytes) -> dict[str, list[float]]:
+    """Durations of the spans in an OTLP trace export, by span name."""
+    request = ExportTraceServiceRequest.FromString(body)
+    out: dict[str, list[float]] = {}
+    for rs in request.resource_spans:
+        for ss in rs.scope_spans:
+            for s in ss.spans:
+                out.setdefault(s.name, []).append((s.end_time_unix_nano - s.start_time_unix_nano) / 1e9)
+    return out
+
+
 class Sink(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     received = 0
     windows: list[tuple[float, float]] = []  # wall-clock (start, end) of each request
     driver: list[float] = []  # see driver_seconds
+    spans: dict[str, list[float]] = {}  # see span_seconds
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -52,6 +64,8 @@ class Sink(BaseHTTPRequestHandler):
                 chunks.append(chunk)
         if chunks:
             Sink.driver += driver_seconds(b"".join(chunks))
+            for name, seconds in span_seconds(b"".join(chunks)).items():
+                Sink.spans.setdefault(name, []).extend(seconds)
         Sink.received += length
         Sink.windows.append((start, time.time()))
         self.send_response(200)
@@ -65,6 +79,8 @@ class Sink(BaseHTTPRequestHandler):
             data = Sink.windows
         elif self.path == "/driver":
             data, Sink.driver = Sink.driver, []
+        elif self.path == "/spans":
+            data, Sink.spans = Sink.spans, {}
         body = json.dumps(data).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))

@@ -10,31 +10,49 @@ waiting are in :mod:`otel_dra.cli.lifecycle`. This package is the only one that 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
 from otel_dra import __version__
-from otel_dra.cli import demo, exporter, kubelet_sim, plugin, sandbox, testbed
 from otel_dra.cli.flags import UsageError
 
-__all__ = ["UsageError", "build_parser", "main"]
+__all__ = ["COMMANDS", "UsageError", "build_parser", "main"]
+
+# The commands, each a module of this package named like it (``-`` as ``_``), in the order of
+# `otel-dra --help`. Imported only when a parser for them is built: the testbed and demo modules
+# pull in yaml, the emulator and the OTel SDK's exporters at import, which the plugin (started on
+# every node, measured in CPU until the kubelet registers it) has no use for.
+COMMANDS = ("exporter", "plugin", "testbed", "sandbox", "kubelet-sim", "demo")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``otel-dra`` parser; with ``only``, the same parser holding just that command."""
     parser = argparse.ArgumentParser(prog="otel-dra", description="OpenTelemetry-native observability for DRA")
     parser.add_argument("--version", action="version", version=f"otel-dra {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    # The order is the order of `otel-dra --help`.
-    for command in (exporter, plugin, testbed, sandbox, kubelet_sim, demo):
-        command.add_parser(sub)
+    for command in COMMANDS if only is None else (only,):
+        importlib.import_module(f"otel_dra.cli.{command.replace('-', '_')}").add_parser(sub)
     return parser
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names first, if it names one before any option (``otel-dra plugin
+    ...``); None otherwise (``--help``, ``--version``, a typo: the full parser answers those)."""
+    for arg in argv:
+        if arg.startswith("-"):
+            return None
+        return arg if arg in COMMANDS else None
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from otel_dra.logs import setup_logging
 
+    if argv is None:
+        argv = sys.argv[1:]
     try:
-        parser = build_parser()
+        parser = build_parser(_command_of(argv))
     except UsageError as exc:
         print(f"otel-dra: error: {exc}", file=sys.stderr)
         return 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import signal
 import sys
@@ -465,6 +466,13 @@ def cmd_plugin(args: argparse.Namespace) -> int:
         return 1
     # SIGHUP: rediscover devices and republish now instead of at the next resync.
     signal.signal(signal.SIGHUP, lambda signum, frame: app.publisher.trigger())
+    # What start-up built (modules, classes, gRPC's and the SDKs' state: ~40,000 objects) lives as
+    # long as the process. Frozen, the cyclic GC's full collections no longer scan it, only what
+    # came after: a full collection over it took 30-50 ms here, and with tracing on, spans waiting
+    # up to 5 s in the batch processor get promoted and make such collections frequent, each one a
+    # stall of whichever prepare is running (docs/benchmarks.md, real kubelet). No gc.collect()
+    # first: it would cost that much CPU at start-up for a few cycles of import-time garbage.
+    gc.freeze()
     wait_for(stop)
     started = time.monotonic()
     app.stop()

@@ -68,13 +68,23 @@ class Credentials:
 
 
 def load_credentials(kubeconfig: str | None = None, env: Mapping[str, str] | None = None) -> Credentials:
-    """``--kubeconfig``, else ``KUBECONFIG`` (path list), else in-cluster, else ``~/.kube/config``."""
+    """``--kubeconfig``, else ``KUBECONFIG`` (path list), else in-cluster, else ``~/.kube/config``.
+
+    The common cases (one kubeconfig file with a token or client certificate, the in-cluster
+    service account) are read here directly, with the kubernetes client's rules; everything else
+    (several files to merge, exec plugins, auth providers, basic auth, proxies, a broken file) goes
+    to the kubernetes client's loaders. Importing the ``kubernetes`` package costs about 0.35 s of
+    CPU (pydantic models, requests, oauthlib), which the plugin would pay on every node at start-up
+    before the kubelet can register it (docs/benchmarks.md, real kubelet)."""
+    env = os.environ if env is None else env
+    home_config = Path(env.get("HOME", str(Path.home()))) / ".kube" / "config"
+    fast = _simple_credentials(kubeconfig, env, home_config)
+    if fast is not None:
+        return fast
     from kubernetes import client as k8s_client
     from kubernetes import config as k8s_config
 
-    env = os.environ if env is None else env
     cfg = k8s_client.Configuration()
-    home_config = Path(env.get("HOME", str(Path.home()))) / ".kube" / "config"
     try:
         if kubeconfig:
             for path in kubeconfig.split(os.pathsep):
@@ -123,6 +133,160 @@ def load_credentials(kubeconfig: str | None = None, env: Mapping[str, str] | Non
         tls_server_name=getattr(cfg, "tls_server_name", None),
         auth_headers=auth_headers,
     )
+
+
+IN_CLUSTER_CA = IN_CLUSTER_TOKEN.parent / "ca.crt"
+# As the kubernetes client's in-cluster loader: the projected token is re-read once a minute.
+IN_CLUSTER_TOKEN_REFRESH = 60.0
+_CLUSTER_KEYS = {
+    "server",
+    "certificate-authority",
+    "certificate-authority-data",
+    "insecure-skip-tls-verify",
+    "tls-server-name",
+}
+_USER_KEYS = {"token", "tokenFile", "client-certificate", "client-certificate-data", "client-key", "client-key-data"}
+_temp_files: dict[bytes, str] = {}
+
+
+def _simple_credentials(kubeconfig: str | None, env: Mapping[str, str], home_config: Path) -> Credentials | None:
+    """Credentials for the cases :func:`load_credentials` reads without the kubernetes package, in
+    its order of sources; None for anything else (the kubernetes loaders then decide, and word
+    the errors)."""
+    if kubeconfig:
+        return _simple_kubeconfig(kubeconfig, f"--kubeconfig {kubeconfig}")
+    if env.get("KUBECONFIG"):
+        return _simple_kubeconfig(env["KUBECONFIG"], f"KUBECONFIG={env['KUBECONFIG']}")
+    if env.get("KUBERNETES_SERVICE_HOST") and IN_CLUSTER_TOKEN.exists():
+        return _in_cluster(env, IN_CLUSTER_TOKEN, IN_CLUSTER_CA)
+    if home_config.exists():
+        return _simple_kubeconfig(str(home_config), str(home_config))
+    return None
+
+
+def _in_cluster(env: Mapping[str, str], token_file: Path, ca_file: Path) -> Credentials | None:
+    host, port = env.get("KUBERNETES_SERVICE_HOST", ""), env.get("KUBERNETES_SERVICE_PORT", "")
+    try:
+        token = token_file.read_text()
+        ca = ca_file.read_text()
+    except OSError:
+        return None
+    if not (host and port and token and ca):
+        return None
+    if ":" in host or "%" in host:  # an IPv6 address, as net.JoinHostPort
+        host = f"[{host}]"
+    state: dict[str, Any] = {"token": token, "read": time.monotonic()}
+
+    def auth_headers() -> dict[str, str]:
+        if time.monotonic() - state["read"] >= IN_CLUSTER_TOKEN_REFRESH:
+            try:
+                fresh = token_file.read_text()
+            except OSError:
+                fresh = ""
+            if fresh:  # a failed re-read keeps the last token, as the kubernetes loader does
+                state["token"] = fresh
+            state["read"] = time.monotonic()
+        return {"authorization": f"bearer {state['token']}"}
+
+    return Credentials(
+        host=f"https://{host}:{port}",
+        source="in-cluster service account",
+        ca_file=str(ca_file),
+        cert_file=None,
+        key_file=None,
+        verify=True,
+        tls_server_name=None,
+        auth_headers=auth_headers,
+    )
+
+
+def _simple_kubeconfig(path_list: str, source: str) -> Credentials | None:
+    """One kubeconfig file whose current context's cluster and user use only static settings."""
+    if os.pathsep in path_list or not Path(path_list).expanduser().is_file():
+        return None
+    path = Path(path_list).expanduser()
+    import yaml
+
+    try:
+        config = yaml.safe_load(path.read_text())
+        context = _named(config["contexts"], config["current-context"], "context")
+        cluster = _named(config["clusters"], context["cluster"], "cluster")
+        user = _named(config.get("users") or [], context["user"], "user") if context.get("user") else {}
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError):
+        return None
+    if not isinstance(cluster, dict) or not isinstance(user, dict) or set(cluster) - _CLUSTER_KEYS:
+        return None
+    if set(user) - _USER_KEYS or not isinstance(cluster.get("server"), str):
+        return None
+    base = Path(os.path.abspath(os.path.dirname(path)))  # as the kubernetes loader: symlinks kept
+    host = cluster["server"].rstrip("/")
+    ca_file = cert_file = key_file = None
+    if host.startswith("https"):
+        ca_file = _file_or_data(cluster, "certificate-authority", base)
+        cert_file = _file_or_data(user, "client-certificate", base)
+        key_file = _file_or_data(user, "client-key", base)
+        if "" in (ca_file, cert_file, key_file):
+            return None  # a named file is missing: the kubernetes loader says so
+    token = user.get("token")
+    if not token and user.get("tokenFile"):
+        try:
+            token = Path(os.path.normpath(base / user["tokenFile"])).read_text()
+        except OSError:
+            return None
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    skip = cluster.get("insecure-skip-tls-verify")
+    return Credentials(
+        host=host,
+        source=source,
+        ca_file=ca_file,
+        cert_file=cert_file,
+        key_file=key_file,
+        verify=True if skip is None else not skip,
+        tls_server_name=cluster.get("tls-server-name"),
+        auth_headers=lambda: dict(headers),
+    )
+
+
+def _named(items: Any, name: Any, key: str) -> Any:
+    """The ``key`` section of the entry called ``name`` of a kubeconfig list (KeyError if none)."""
+    for item in items:
+        if item.get("name") == name:
+            return item[key]
+    raise KeyError(name)
+
+
+def _file_or_data(section: Mapping[str, Any], key: str, base: Path) -> str | None:
+    """``<key>-data`` (base64) as a private temporary file, else the ``<key>`` file relative to
+    the kubeconfig; None when neither is set, "" when the named file does not exist."""
+    import base64
+
+    data = section.get(f"{key}-data")
+    if data:
+        content = base64.standard_b64decode(data)
+        if content not in _temp_files:
+            import atexit
+            import tempfile
+
+            if not _temp_files:
+                atexit.register(_remove_temp_files)
+            fd, name = tempfile.mkstemp(prefix="otel-dra-kubeconfig-")
+            with os.fdopen(fd, "wb") as out:
+                out.write(content)
+            _temp_files[content] = name
+        return _temp_files[content]
+    if section.get(key):
+        file = os.path.normpath(base / section[key])
+        return file if os.path.isfile(file) else ""
+    return None
+
+
+def _remove_temp_files() -> None:
+    import contextlib
+
+    for name in _temp_files.values():
+        with contextlib.suppress(OSError):
+            os.remove(name)
+    _temp_files.clear()
 
 
 @dataclass(frozen=True)

@@ -359,6 +359,16 @@ CONTAINERD = GoPeer(
     ldflags=containerd_version_ldflags, title="containerd", min_go="1.26",
 )  # fmt: skip
 
+# The upstream example driver's kubelet plugin, for bench.plugin's side-by-side comparison on a real
+# node only: never a product or CI peer (not in `make peers`, not built by `testbed build`). Its go.mod
+# has no replace lines; it needs Go 1.26 (k8s.io 0.36 modules).
+UPSTREAM_DRIVER_VERSION = "v0.4.0"
+UPSTREAM_DRIVER = GoPeer(
+    "dra-example-driver", UPSTREAM_DRIVER_VERSION, "sigs.k8s.io/dra-example-driver",
+    packages=("sigs.k8s.io/dra-example-driver/cmd/dra-example-kubeletplugin",), ldflags="-s -w", trimpath=True,
+    label="cmd/dra-example-kubeletplugin", title="the upstream dra-example-driver", min_go="1.26",
+)  # fmt: skip
+
 PEERS: tuple[GoPeer, ...] = (ETCD, KUBERNETES, HELM, OCB, JAEGER, CONTAINERD)
 # What `build` builds and `Binaries` points at, in build order.
 CONTROL_PLANE: tuple[GoPeer, ...] = (KUBERNETES, ETCD)
@@ -781,6 +791,13 @@ def build_node(cache_root: Path | None = None, progress: Progress = _to_stderr, 
     except ImageError as exc:
         raise BuildError(str(exc)) from None
     return [*(bin_dir / name for name in CONTAINERD.binaries), *(image.tarball for image in images)]
+
+
+def build_upstream_driver(
+    cache_root: Path | None = None, progress: Progress = _to_stderr, *, verbose: bool = False
+) -> Path:
+    """Build the upstream example driver's kubelet plugin (bench only) unless it already exists."""
+    return build_peer(UPSTREAM_DRIVER, cache_root, progress, verbose=verbose) / UPSTREAM_DRIVER.binaries[0]
 
 
 def find_jaeger(cache_root: Path | None = None) -> Path:

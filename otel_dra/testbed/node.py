@@ -694,9 +694,11 @@ def start_node(
     progress: Progress = _to_stderr,
     cache_root: Path | None = None,
     support: HostSupport | None = None,
+    kubelet_flags: Sequence[str] = (),
 ) -> Node:
     """Start containerd and a kubelet that registers as Node ``name``; return once it is Ready.
 
+    ``kubelet_flags`` go after the kubelet's own (a benchmark's ``--vmodule``, for example).
     ``progress`` gets a line every few seconds while it waits. On any failure what was started is
     stopped and the host put back, and :class:`TestbedError` carries the failing part's log tail.
     """
@@ -730,7 +732,7 @@ def start_node(
     write_private(MACHINE_LOCK, json.dumps({"dir": str(testbed.dir)}) + "\n")
     node = node_of(testbed, name)
     try:
-        _start(testbed, node, binaries, (pause.tarball, busybox.tarball), support, timeout, progress)
+        _start(testbed, node, binaries, (pause.tarball, busybox.tarball), support, timeout, progress, kubelet_flags)
     except BaseException:
         with contextlib.suppress(Exception):
             stop_node(testbed, name, progress=lambda _: None)
@@ -790,6 +792,7 @@ def _start(
     support: HostSupport,
     timeout: float,
     progress: Progress,
+    kubelet_flags: Sequence[str] = (),
 ) -> None:
     layout = node.layout
     started = time.monotonic()
@@ -859,6 +862,7 @@ def _start(
             f"--cert-dir={layout.dir / 'kubelet-certs'}",
             f"--hostname-override={node.name}",
             "--v=2",
+            *kubelet_flags,
         ],
         env=env,
     )

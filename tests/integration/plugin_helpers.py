@@ -18,7 +18,7 @@ from otel_dra._generated.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
 from otel_dra._generated.pluginregistration import api_pb2 as reg_pb2
 from otel_dra._generated.pluginregistration import api_pb2_grpc as reg_grpc
 from otel_dra.kube.client import ApiError, KubeClient
-from tests.helpers import parse_samples, scrape
+from tests.helpers import parse_samples, scrape, wait_until
 
 DRIVER = "gpu.example.com"
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
@@ -126,6 +126,20 @@ def make_claim(
             devices["config"] = config
         obj["status"] = {"allocation": {"devices": devices}}
         obj = admin.send_json("PUT", f"{CLAIMS.format(ns=namespace)}/{name}/status", obj)
+
+        # As a kubelet, which calls prepare only once it has seen the claim allocated: the plugin
+        # reads the claim from the watch cache first (a lagging cache costs it a second read,
+        # which would make the tests' GET counts and spans depend on timing).
+        def cached() -> bool:
+            try:
+                seen = admin.get_json(f"{CLAIMS.format(ns=namespace)}/{name}", {"resourceVersion": "0"})
+            except ApiError:
+                return False
+            return seen["metadata"]["uid"] == obj["metadata"]["uid"] and bool(
+                (seen.get("status") or {}).get("allocation")
+            )
+
+        wait_until(cached, timeout=10, interval=0.01, what=f"claim {name} allocated in the watch cache")
     return obj
 
 

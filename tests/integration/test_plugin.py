@@ -480,7 +480,13 @@ def test_prepare_error_paths(start, kubelet, node, namespace, admin_client):
     not_found_get = [
         s for s in _spans(app) if s.name.startswith("GET") and s.attributes.get("http.response.status_code") == 404
     ]
-    assert not_found_get and not_found_get[0].status.status_code == StatusCode.ERROR
+    # A claim in neither the watch cache nor etcd: the cache miss is no error of its own (a cache
+    # may lag); the quorum read that decides is.
+    cache_miss, quorum = not_found_get
+    assert cache_miss.attributes["url.full"].endswith("?resourceVersion=0")
+    assert cache_miss.status.status_code == StatusCode.UNSET and "error.type" not in cache_miss.attributes
+    assert not quorum.attributes["url.full"].endswith("?resourceVersion=0")
+    assert quorum.status.status_code == StatusCode.ERROR
     (rpc,) = [s for s in _spans(app) if s.kind == SpanKind.SERVER]
     assert rpc.attributes["dra.claim.count"] == len(cases) + 1 and rpc.attributes["dra.claim.errors"] == len(cases)
     # Unprepare of a malformed claim is an error as well; of an unknown claim, a no-op.

@@ -49,3 +49,22 @@ def test_driver_seconds_from_exported_spans():
     (seconds,) = driver_seconds(body)
     assert seconds == (claim.end_time - get.end_time) / 1e9  # type: ignore[attr-defined]
     assert 0.003 <= seconds < 0.1
+
+
+def test_span_seconds_by_name():
+    from bench.sink import span_seconds
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("t")
+    for _ in range(2):
+        with tracer.start_as_current_span("prepare claim"), tracer.start_as_current_span("write checkpoint"):
+            time.sleep(0.002)
+    spans = exporter.get_finished_spans()
+    got = span_seconds(encode_spans(spans).SerializeToString())
+    assert sorted(got) == ["prepare claim", "write checkpoint"]
+    assert len(got["prepare claim"]) == 2
+    expected = sorted((s.end_time - s.start_time) / 1e9 for s in spans if s.name == "write checkpoint")  # type: ignore[operator]
+    assert sorted(got["write checkpoint"]) == expected
+    assert all(claim >= 0.002 for claim in got["prepare claim"])

@@ -350,3 +350,21 @@ def test_only_rows_that_ask_for_it_carry_a_recipe_digest() -> None:
     # Each release's row differs (ldflags, replaces, godebug), and so does a row with other flags.
     assert len({row.key for minor in ("1.34", "1.37") for row in b.control_plane(minor)[:1]}) == 2
     assert dataclasses.replace(b.KUBERNETES, ldflags="-s").key != b.KUBERNETES.key
+
+
+def test_the_upstream_driver_row_is_bench_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench.plugin --kubelet real's comparison peer: built on demand, never by `make peers`/CI."""
+    row = b.UPSTREAM_DRIVER
+    assert row not in b.PEERS
+    assert row.key == "dra-example-driver-v0.4.0"
+    assert row.binaries == ("dra-example-kubeletplugin",)
+    files = b.wrapper_files(row)
+    assert "require sigs.k8s.io/dra-example-driver v0.4.0" in files["go.mod"]
+    assert '_ "sigs.k8s.io/dra-example-driver/cmd/dra-example-kubeletplugin"' in files["tools.go"]
+    command = b.go_build_command(row, Path("/o"))
+    assert command[-1] == "sigs.k8s.io/dra-example-driver/cmd/dra-example-kubeletplugin"
+    assert "-trimpath" in command and command[command.index("-o") + 1] == "/o/dra-example-kubeletplugin"
+    binary = tmp_path / "bin" / row.key / "dra-example-kubeletplugin"
+    _fake_binary(binary)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # would fail if it tried to run go
+    assert b.build_upstream_driver(tmp_path, progress=lambda _: None) == binary

@@ -360,13 +360,22 @@ class _OneClaim:
         },
     }
 
+    def __init__(self) -> None:
+        self.reads: list[str] = []  # "cache" or "quorum", per GET
+        self.cached: dict | None = self.claim  # what the watch cache holds (None: nothing yet)
+
     def get_json(self, path, query=None, *, headers=None, timeout=None):
+        from_cache = (query or {}).get("resourceVersion") == "0"
+        self.reads.append("cache" if from_cache else "quorum")
         if path == "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c":
-            return self.claim
+            if not from_cache:
+                return self.claim
+            if self.cached is not None:
+                return self.cached
         raise ApiError(404, "not found")
 
 
-def _driver(tmp_path):
+def _driver(tmp_path, api=None):
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.trace import NoOpTracerProvider
 
@@ -375,7 +384,7 @@ def _driver(tmp_path):
     cdi = CdiWriter(tmp_path / "cdi", "gpu.example.com", "node-a")
     cdi.write_common()
     return Driver(
-        client=_OneClaim(),
+        client=api or _OneClaim(),
         driver_name="gpu.example.com",
         node_name="node-a",
         inventory=Inventory(simulated_devices("node-a", 1)),
@@ -406,6 +415,36 @@ def test_a_prepared_uid_under_another_name_is_refused(tmp_path):
     for ref in (ClaimRef("other", "u1", "c"), ClaimRef("ns", "u1", "d")):
         assert "was prepared as ns/c" in driver.prepare([ref])["u1"].error
     assert driver.prepare([ClaimRef("ns", "u1", "c")])["u1"].devices  # the right name still gets it
+
+
+@pytest.mark.parametrize(
+    ("cached", "reads"),
+    [
+        (_OneClaim.claim, ["cache"]),  # the usual case: the watch cache has it, one cheap read
+        (None, ["cache", "quorum"]),  # not in the cache yet
+        ({**_OneClaim.claim, "status": {}}, ["cache", "quorum"]),  # cached before the allocation
+        ({**_OneClaim.claim, "metadata": {**_OneClaim.claim["metadata"], "uid": "old"}}, ["cache", "quorum"]),
+    ],
+)
+def test_the_claim_is_read_from_the_watch_cache_unless_it_lags(tmp_path, cached, reads):
+    from otel_dra.plugin.driver import ClaimRef
+
+    api = _OneClaim()
+    api.cached = cached
+    driver = _driver(tmp_path, api)
+    result = driver.prepare([ClaimRef("ns", "u1", "c")])["u1"]
+    assert result.error == ""
+    assert [d.device_name for d in result.devices] == ["gpu-0"]
+    assert api.reads == reads
+
+
+def test_a_claim_gone_from_cache_and_etcd_is_not_found(tmp_path):
+    from otel_dra.plugin.driver import ClaimRef
+
+    api = _OneClaim()
+    result = _driver(tmp_path, api).prepare([ClaimRef("ns", "u2", "gone")])["u2"]
+    assert "not found" in result.error
+    assert api.reads == ["cache", "quorum"]
 
 
 def test_checkpoint_roundtrip_and_atomicity(tmp_path):
