@@ -240,10 +240,17 @@ def make_parser(
             report("spec.devices is not a list")
             raw_devices = []
         devices: list[Device] = []
+        # The API server refuses a slice with two devices of one name; one that holds them anyway
+        # (a fake, a future validation gap) must not give a scrape two identical series.
+        device_names: set[str] = set()
         for i, dev in enumerate(raw_devices):
             if not isinstance(dev, dict) or not isinstance(dev.get("name"), str):
                 report(f"spec.devices[{i}] has no name; skipped")
                 continue
+            if dev["name"] in device_names:
+                report(f"spec.devices[{i}]: a second device named {dev['name']!r}; skipped")
+                continue
+            device_names.add(dev["name"])
             devices.append(
                 _device(dev, per_device, slice_node, driver, attributes, partition_attribute, wanted, report)
             )
@@ -254,6 +261,9 @@ def make_parser(
                 report(f"spec.sharedCounters[{i}] has no name; skipped")
                 continue
             name = counter_set["name"]
+            if any(name == known for known, _ in counter_sets):
+                report(f"spec.sharedCounters[{i}]: a second counter set named {name!r}; skipped")
+                continue
             counter_sets.append((name, _amounts(counter_set.get("counters"), f"counter set {name}: counter", report)))
         return Slice(
             name=str(meta.get("name", "")),

@@ -529,3 +529,23 @@ def test_list_typed_attributes_render_bounded_and_in_published_order():
         "",
         "1,3",  # items of another type are left out
     )
+
+
+def test_a_slice_with_two_devices_or_counter_sets_of_one_name_keeps_the_first():
+    """The API server refuses such a slice; one that gets through must not give a scrape two
+    identical series (the OpenMetrics parser merges them; found by tests/fuzz)."""
+    problems: list[str] = []
+    spec = {
+        "driver": "d.example.com",
+        "nodeName": "n",
+        "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1},
+        "devices": [{"name": "a0"}, {"name": "a0", "attributes": {"x": {"int": 1}}}, {"name": "a1"}],
+        "sharedCounters": [{"name": "c", "counters": {"m": {"value": "1"}}}, {"name": "c", "counters": {}}],
+    }
+    sl = resourceslice.parse({"metadata": {"name": "s"}, "spec": spec}, problems.append)
+    assert [d.name for d in sl.devices] == ["a0", "a1"]
+    assert [name for name, _ in sl.counter_sets] == ["c"]
+    assert problems == [
+        "spec.devices[1]: a second device named 'a0'; skipped",
+        "spec.sharedCounters[1]: a second counter set named 'c'; skipped",
+    ]

@@ -299,7 +299,8 @@ def test_prepare_applies_the_claim_config_and_admin_access(tmp_path):
 
     driver = _driver(tmp_path)
     client = driver.client
-    client.claim = json.loads(json.dumps(client.claim))
+    # The watch cache and a quorum read both answer this copy (the driver reads the cache first).
+    client.claim = client.cached = json.loads(json.dumps(client.claim))
     devices = client.claim["status"]["allocation"]["devices"]
     devices["results"][0]["consumedCapacity"] = {"memory": "10Gi", "other": "1"}
     # Admin access is the claim's, as upstream: another driver's result with it counts too.
@@ -326,7 +327,7 @@ def test_prepare_applies_the_claim_config_and_admin_access(tmp_path):
 
     (tmp_path / "second").mkdir()
     driver = _driver(tmp_path / "second")
-    driver.client.claim = json.loads(json.dumps(client.claim))
+    driver.client.claim = driver.client.cached = json.loads(json.dumps(client.claim))
     driver.client.claim["status"]["allocation"]["devices"]["config"] = [
         _entry(_gpu_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Eon"}}))
     ]
