@@ -254,7 +254,7 @@ def make_parser(
             devices.append(
                 _device(dev, per_device, slice_node, driver, attributes, partition_attribute, wanted, report)
             )
-        counter_sets = []
+        counter_sets: list[tuple[str, Amounts]] = []
         raw_sets = (spec.get("sharedCounters") or []) if "counter_sets" in wanted else []
         for i, counter_set in enumerate(raw_sets if isinstance(raw_sets, list) else []):
             if not isinstance(counter_set, dict) or not isinstance(counter_set.get("name"), str):
