@@ -76,8 +76,12 @@ golden: install
 
 # The whole suite: lint, then unit tests, the fuzz suite (CI profile) and integration tests against
 # the real testbed.
+# The fuzz suite runs in a pytest process of its own: collected together with
+# tests/integration/test_kubelet_sim.py, Hypothesis reports inconsistent data generation in
+# tests/fuzz/test_fuzz_cluster.py (FlakyStrategyDefinition; cause not found yet, see the issue notes).
 test: lint peers
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(PYTEST_ARGS) tests/fuzz
+	$(BIN)/pytest $(PYTEST_ARGS) --ignore=tests/fuzz
 
 # The integration tests against another Kubernetes minor's control plane (built into the cache the
 # first time, about 11 minutes on 2 cores): `make test-integration KUBERNETES_MINOR=1.34`.
