@@ -195,19 +195,27 @@ def test_connections_beyond_the_limit_wait_until_one_closes(server):
             sock.close()
 
 
+class _BlockedScrape:
+    """A scrape callback that waits for ``gate``, counting the scrapes in it now and at most."""
+
+    def __init__(self) -> None:
+        self.gate, self.in_flight, self.most = threading.Event(), [0], [0]
+        self._lock = threading.Lock()
+
+    def __call__(self, openmetrics, gzipped):
+        with self._lock:
+            self.in_flight[0] += 1
+            self.most[0] = max(self.most[0], self.in_flight[0])
+        self.gate.wait(10)
+        with self._lock:
+            self.in_flight[0] -= 1
+        return [BODY]
+
+
 def test_requests_served_at_once_are_bounded_by_the_workers(monkeypatch):
     monkeypatch.setattr(http, "_WORKER_IDLE", 0.2)
-    gate, in_flight, most = threading.Event(), [0], [0]
-    lock = threading.Lock()
-
-    def scrape(openmetrics, gzipped):
-        with lock:
-            in_flight[0] += 1
-            most[0] = max(most[0], in_flight[0])
-        gate.wait(10)
-        with lock:
-            in_flight[0] -= 1
-        return [BODY]
+    scrape = _BlockedScrape()
+    gate, in_flight, most = scrape.gate, scrape.in_flight, scrape.most
 
     srv = serve(Limits(max_workers=4, max_requests_per_client=100), scrape)
     results: list[int] = []
@@ -239,17 +247,8 @@ def test_requests_served_at_once_are_bounded_by_the_workers(monkeypatch):
 def test_one_client_address_gets_at_most_its_share_of_the_workers():
     """Six requests at once from 127.0.0.2: two are served, four wait for them, and a request from
     another address (127.0.0.3, still loopback) is served at once instead of behind them."""
-    gate, in_flight, most = threading.Event(), [0], [0]
-    lock = threading.Lock()
-
-    def scrape(openmetrics, gzipped):
-        with lock:
-            in_flight[0] += 1
-            most[0] = max(most[0], in_flight[0])
-        gate.wait(10)
-        with lock:
-            in_flight[0] -= 1
-        return [BODY]
+    scrape = _BlockedScrape()
+    gate, in_flight, most = scrape.gate, scrape.in_flight, scrape.most
 
     srv = serve(Limits(max_workers=8, max_requests_per_client=2), scrape)
     results: dict[str, list[bytes]] = {"127.0.0.2": [], "127.0.0.3": []}
