@@ -14,8 +14,9 @@ This module knows nothing about Kubernetes: it deals in families, label values a
 from __future__ import annotations
 
 import gzip
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from prometheus_client import CollectorRegistry
 from prometheus_client import exposition as text_exposition
@@ -41,20 +42,41 @@ class GaugeFamily:
     description: str
     labels: tuple[str, ...]
     prom_name: str = field(init=False)
-    _order: tuple[int, ...] = field(init=False, repr=False)
     _keys: tuple[str, ...] = field(init=False, repr=False)
-    # Per label (in output order), rendered `key="value"` pairs of recent values: label values
-    # repeat a lot (namespaces, drivers, pools, states, an object's name across its families).
-    _pairs: tuple[dict[str, str], ...] = field(init=False, repr=False, compare=False)
+    # One sample's line as a %-format: the name and the label keys are fixed per family, so a
+    # sample costs one C-level formatting of its (escaped) label values and its number. Names and
+    # keys are sanitised to [a-zA-Z0-9_:], so the template holds no other "%".
+    _template: str = field(init=False, repr=False, compare=False)
+    # The label values of a sample in output order (the SDK's reader sorts labels by key), as a tuple.
+    _sorted: Callable[[Sequence[str]], tuple[str, ...]] = field(init=False, repr=False, compare=False)
+    # Recent numbers of this family, formatted: capacities, counts and timestamps repeat a lot.
+    _numbers: dict[float, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prom_name", prometheus_name(self.name, self.unit))
         keys = [sanitize_label(k) for k in self.labels]
         # The SDK's reader emits labels sorted by key; so do we, to produce identical text.
         order = tuple(sorted(range(len(keys)), key=lambda i: keys[i]))
-        object.__setattr__(self, "_order", order)
         object.__setattr__(self, "_keys", tuple(keys[i] for i in order))
-        object.__setattr__(self, "_pairs", tuple({} for _ in order))
+        labels = ",".join(f'{keys[i]}="%s"' for i in order)
+        template = f"{self.prom_name}{{{labels}}} %s\n" if keys else f"{self.prom_name} %s\n"
+        object.__setattr__(self, "_template", template)
+        sorted_values: Callable[[Sequence[str]], tuple[str, ...]]
+        if len(order) > 1:
+            sorted_values = itemgetter(*order)
+        elif order:
+            only = order[0]
+
+            def sorted_values(values: Sequence[str]) -> tuple[str, ...]:
+                return (values[only],)
+
+        else:
+
+            def sorted_values(values: Sequence[str]) -> tuple[str, ...]:
+                return ()
+
+        object.__setattr__(self, "_sorted", sorted_values)
+        object.__setattr__(self, "_numbers", dict(_NUMBERS))
 
     def header(self, openmetrics: bool) -> bytes:
         name = self.prom_name
@@ -71,31 +93,26 @@ class GaugeFamily:
 
     def render(self, samples: Iterable[tuple[Sequence[str], float]]) -> bytes:
         """Exposition lines (identical in text 0.0.4 and OpenMetrics for gauges)."""
+        template, sorted_values, numbers = self._template, self._sorted, self._numbers
         out: list[str] = []
-        keys, name = self._keys, self.prom_name
-        slots = tuple(zip(self._pairs, self._order, range(len(keys)), strict=True))
         for values, value in samples:
-            number = _NUMBERS.get(value)
+            number = numbers.get(value)
             if number is None:
                 number = floatToGoString(value)
-            if keys:
-                pairs = []
-                for cache, i, j in slots:
-                    text = values[i]
-                    pair = cache.get(text)
-                    if pair is None:
-                        pair = f'{keys[j]}="{_escape(text)}"'
-                        if len(cache) >= _CACHE_SIZE:
-                            cache.clear()  # crude, bounded: unique values (object names) keep cycling
-                        cache[text] = pair
-                    pairs.append(pair)
-                out.append(f"{name}{{{','.join(pairs)}}} {number}\n")
-            else:
-                out.append(f"{name} {number}\n")
+                # Not zero: 0.0 and -0.0 are one dict key but two texts. NaN never matches itself.
+                if value:
+                    if len(numbers) >= _CACHE_SIZE:
+                        numbers.clear()  # crude, bounded: unique values (timestamps) keep cycling
+                    numbers[value] = number
+            texts = sorted_values(values)
+            joined = "".join(texts)
+            if "\\" in joined or '"' in joined or "\n" in joined:
+                texts = tuple(_escape(text) for text in texts)
+            out.append(template % (*texts, number))
         return "".join(out).encode()
 
 
-# Label values remembered per label of a family.
+# Formatted numbers remembered per family.
 _CACHE_SIZE = 1024
 # Values that info series and counts use a lot, formatted once. (Not 0.0: it would also match -0.0.)
 _NUMBERS = {v: floatToGoString(v) for v in (1.0, 2.0, 3.0)}

@@ -236,6 +236,20 @@ def test_gc_is_paused_during_concurrent_relists_and_restored_after():
     assert gc.isenabled() and len(first) == 1
 
 
+def test_what_a_list_built_is_frozen_before_the_collector_resumes():
+    """Otherwise the first collection after the pause traverses every container the list made."""
+    import gc
+
+    gc.unfreeze()
+    store = ObjectStore("deviceclasses", deviceclass.parse, deviceclass.FAMILIES)
+    store.replace({"metadata": {"name": f"c{i}", "resourceVersion": "1"}} for i in range(100))
+    try:
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+        assert gc.get_count()[0] < 100  # the list's allocations are not waiting in generation 0
+    finally:
+        gc.unfreeze()
+
+
 def test_lines_are_held_once_and_survive_rejoins_splits_and_relists():
     """After a join an entry's lines live only in its segment's chunks; re-joins after changes,
     segment splits and full relists must still produce exactly what a fresh store produces."""

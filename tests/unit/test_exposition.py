@@ -68,3 +68,41 @@ def test_label_values_are_escaped():
 
     fam = GaugeFamily("g", "", "help", ("b", "a"))
     assert fam.render([(('x"y', "back\\slash\nnl"), 1.5)]) == b'g{a="back\\\\slash\\nnl",b="x\\"y"} 1.5\n'
+
+
+def test_numbers_and_label_counts_equal_the_sdk_reader_also_when_remembered():
+    """The per-family template and number cache: no labels, one label, several (out of key order);
+    0.0 and -0.0 (one dict key, two texts), Go's exponent switch, and each value twice, so the
+    second is the remembered text. (The SDK drops non-finite values; those are checked alone.)"""
+    from opentelemetry.metrics import Observation
+
+    from otel_dra.telemetry.exposition import GaugeFamily
+
+    values = [0.0, -0.0, 1.0, 1796155228.0, 1.5e-7, 123456.0, 1234567.0, 0.0, 2.0]
+    for labels in ((), ("only",), ("zeta", "alpha", "mid")):
+        fam = GaugeFamily("edge.numbers", "s", "help", labels)
+        samples = [(tuple(f"v{i}-{k}" for k in range(len(labels))), v) for i, v in enumerate(values)]
+        ours = fam.render(samples) + fam.render(samples)
+
+        registry = CollectorRegistry()
+        reader = PrometheusMetricReader(disable_target_info=True, scope_info_enabled=False, registry=registry)
+        provider = MeterProvider(metric_readers=[reader])
+        try:
+            for i, (sample_values, value) in enumerate(samples):
+                # One gauge per sample (the SDK would merge equal attribute sets), in sample order.
+                gauge = f"edge.numbers{i:02d}"
+                attrs = dict(zip(labels, sample_values, strict=True))
+                provider.get_meter("t").create_observable_gauge(
+                    gauge, callbacks=[lambda _o, a=attrs, v=value: [Observation(v, a)]], unit="s"
+                )
+            text = generate_latest(registry).decode()
+        finally:
+            provider.shutdown()
+        sdk = [line for line in text.splitlines() if line and not line.startswith("#")]
+        # The SDK's names differ per gauge; the label sets and numbers must be ours.
+        want = [line.split("{", 1)[1] if labels else line.split(" ", 1)[1] for line in sdk]
+        got = [line.split("{", 1)[1] if labels else line.split(" ", 1)[1] for line in ours.decode().splitlines()]
+        assert got == want + want, labels
+    fam = GaugeFamily("g", "", "help", ("a",))
+    nonfinite = [(("x",), float("nan")), (("y",), float("inf")), (("z",), -float("inf"))]
+    assert fam.render(nonfinite * 2) == b'g{a="x"} NaN\ng{a="y"} +Inf\ng{a="z"} -Inf\n' * 2
