@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 PROTOCOLS = ("grpc", "http/protobuf")
@@ -101,7 +100,8 @@ def plain_http_transport(config: OtlpSignalConfig, env: Mapping[str, str] | None
     ):
         if env.get(name):
             return None
-    if env.get("NETRC") or any((Path.home() / name).exists() for name in (".netrc", "_netrc")):
+    # As requests looks for one (requests.utils.get_netrc_auth): no error without a home directory.
+    if env.get("NETRC") or any(os.path.exists(os.path.expanduser(name)) for name in ("~/.netrc", "~/_netrc")):
         return None
     from opentelemetry.exporter.http.transport._urllib3 import Urllib3HTTPTransport
 
