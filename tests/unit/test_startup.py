@@ -149,3 +149,24 @@ def test_main_keeps_the_gc_off_through_start_up_only(capsys):
     finally:
         gc.enable()
     assert "--node-name" in capsys.readouterr().err
+
+
+def test_otlp_http_metrics_pushers_skip_requests_too(tmp_path):
+    # The SDK reader's exporter (plugin and exporter) and the exporter's pre-encoded pusher.
+    code = """
+import sys, json
+from otel_dra.telemetry.otlp import otlp_config
+from otel_dra.telemetry.otlp_push import raw_sender
+from otel_dra.telemetry.provider import build_metrics_pipeline
+pipeline = build_metrics_pipeline(service_name="s", version="1")
+sender = raw_sender(otlp_config("metrics"))
+print(json.dumps({"otlp": pipeline.otlp is not None, "requests": "requests" in sys.modules}))
+sender.shutdown()
+pipeline.shutdown()
+"""
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "HOME": str(tmp_path)}
+    assert _fresh(code, **env) == {"otlp": True, "requests": False}
+    assert _fresh(code, **env, OTEL_EXPORTER_OTLP_METRICS_ENDPOINT="https://127.0.0.1:9") == {
+        "otlp": True,
+        "requests": True,
+    }
