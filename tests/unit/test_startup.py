@@ -138,7 +138,8 @@ def test_spans_reach_a_real_receiver_over_the_urllib3_transport(monkeypatch, tmp
         receiver.stop()
 
 
-def test_main_keeps_the_gc_off_through_start_up_only(capsys):
+def test_main_keeps_the_gc_off_through_start_up_only(capsys, monkeypatch):
+    monkeypatch.delenv("NODE_NAME", raising=False)
     assert gc.isenabled()
     assert main(["plugin"]) == 2  # no --node-name: a usage error, after the parser was built
     assert gc.isenabled()
