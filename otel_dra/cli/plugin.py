@@ -140,7 +140,8 @@ def add_parser(sub: Any) -> None:
         type=Path,
     )
     add_logging_flags(p)
-    p.set_defaults(func=cmd_plugin)
+    # cli.main leaves the cyclic GC off through start-up; cmd_plugin turns it on once started.
+    p.set_defaults(func=cmd_plugin, gc_after_start=True)
 
 
 def _prepared_devices(checkpoint: Any) -> int:
@@ -472,7 +473,9 @@ def cmd_plugin(args: argparse.Namespace) -> int:
     # up to 5 s in the batch processor get promoted and make such collections frequent, each one a
     # stall of whichever prepare is running (docs/benchmarks.md, real kubelet). No gc.collect()
     # first: it would cost that much CPU at start-up for a few cycles of import-time garbage.
+    # cli.main kept the GC off through start-up (gc_after_start): on from here.
     gc.freeze()
+    gc.enable()
     wait_for(stop)
     started = time.monotonic()
     app.stop()

@@ -2,9 +2,11 @@
 
 The transport is the SDK's own OTLP exporter, configured from the same ``OTEL_EXPORTER_OTLP_*``
 variables (endpoint, headers, TLS, compression, timeout, retries with backoff); we only hand it
-bytes that are already serialised. That uses a few private hooks of opentelemetry-exporter-otlp
-1.45 (pinned in requirements.lock); tests/integration/test_exporter_live.py exercises both
-protocols against a real OTLP receiver, so an upgrade that moves them fails loudly.
+bytes that are already serialised. Over HTTP it gets the SDK's urllib3 transport where that sends
+what its default requests session would (:func:`otel_dra.telemetry.otlp.plain_http_transport`).
+That uses a few private hooks of opentelemetry-exporter-otlp 1.45 (pinned in requirements.lock);
+tests/integration/test_exporter_live.py exercises both protocols against a real OTLP receiver, so
+an upgrade that moves them fails loudly.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from otel_dra.telemetry.otlp import OtlpSignalConfig, metric_export_interval_ms
+from otel_dra.telemetry.otlp import OtlpSignalConfig, metric_export_interval_ms, plain_http_transport
 from otel_dra.telemetry.otlp_encode import MetricHeader, PointGroup, RequestBuilder
 from otel_dra.telemetry.priority import ScrapePriority
 
@@ -60,10 +62,11 @@ class _GrpcSender:
 
 
 class _HttpSender:
-    def __init__(self) -> None:
+    def __init__(self, config: OtlpSignalConfig) -> None:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-        self._exporter: Any = OTLPMetricExporter()
+        transport = plain_http_transport(config)  # as the SDK reader's exporter (provider.py)
+        self._exporter: Any = OTLPMetricExporter() if transport is None else OTLPMetricExporter(_transport=transport)
 
     def send(self, request: bytes) -> bool:
         return bool(self._exporter._client.export(request).success)
@@ -73,7 +76,7 @@ class _HttpSender:
 
 
 def raw_sender(config: OtlpSignalConfig) -> RawSender:
-    return _GrpcSender() if config.protocol == "grpc" else _HttpSender()
+    return _GrpcSender() if config.protocol == "grpc" else _HttpSender(config)
 
 
 # What to push: (metric header, its point chunks), or None while there is nothing valid to push.

@@ -35,6 +35,7 @@ from otel_dra.telemetry.otlp import (
     metric_export_interval_ms,
     metric_export_timeout_ms,
     otlp_config,
+    plain_http_transport,
 )
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,8 @@ def otlp_metric_exporter(config: OtlpSignalConfig) -> MetricExporter:
         return Grpc()
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as Http
 
-    return Http()
+    transport = plain_http_transport(config)
+    return Http() if transport is None else Http(_transport=transport)
 
 
 @dataclass

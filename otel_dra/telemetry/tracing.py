@@ -36,7 +36,7 @@ from opentelemetry.sdk.trace.sampling import (
     TraceIdRatioBased,
 )
 
-from otel_dra.telemetry.otlp import ConfigError, OtlpSignalConfig, otlp_config
+from otel_dra.telemetry.otlp import ConfigError, OtlpSignalConfig, otlp_config, plain_http_transport
 from otel_dra.telemetry.provider import make_resource
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,8 @@ def otlp_span_exporter(config: OtlpSignalConfig) -> SpanExporter:
         return Grpc()
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
 
-    return Http()
+    transport = plain_http_transport(config)
+    return Http() if transport is None else Http(_transport=transport)
 
 
 @dataclass
