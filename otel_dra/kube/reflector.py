@@ -44,8 +44,12 @@ from google.protobuf.message import DecodeError
 
 from otel_dra.kube import protobuf
 from otel_dra.kube.client import ApiError, KubeClient
+from otel_dra.kube.liststream import StreamedList
 
 log = logging.getLogger(__name__)
+
+# Bytes per read of a streamed list answer.
+_READ = 1 << 20
 
 # The longest Retry-After honoured, in seconds (a larger one is waited for this long): the API
 # server's priority and fairness answers 1 s and more after repeated rejections.
@@ -232,6 +236,7 @@ class Reflector:
     def run(self) -> None:
         delay = self.backoff[0]
         resource_version: str | None = None
+        since = ""  # the last version seen, for a relist ("": none, the initial list)
         relist_reason = "initial"
         while not self._stop.is_set():
             server_wait: float | None = None  # the Retry-After of the failed request, if any
@@ -239,7 +244,7 @@ class Reflector:
                 if resource_version is None:
                     if relist_reason != "initial" and self.events:
                         self.events.relist(self.resource.plural, relist_reason)
-                    resource_version = self._list()
+                    resource_version = self._list(since)
                     self._progress(listed=True)
                     delay = self.backoff[0]
                 resource_version = self._watch(resource_version)
@@ -247,12 +252,14 @@ class Reflector:
                 continue  # a watch that timed out normally: reconnect at once
             except _Gone:
                 log.info("%s: resourceVersion %s expired, relisting", self.resource.plural, resource_version)
+                since = resource_version or since
                 resource_version, relist_reason = None, "expired"
                 continue
             except _Stopped:
                 break
             except _Unavailable as exc:
                 self._set_unavailable(str(exc))
+                since = ""
                 resource_version, relist_reason = None, "initial"
                 delay = self.backoff[0]
                 self._stop.wait(self.unavailable_retry)
@@ -267,6 +274,7 @@ class Reflector:
                     break
                 log.exception("%s: unexpected error", self.resource.plural)
                 self._failed(f"unexpected error: {exc}")
+                since = resource_version or since
                 resource_version, relist_reason = None, "error"
             # Full jitter: spreads reconnects of many replicas after an API server restart; never
             # sooner than a Retry-After asked (throttled replicas must not come back in a storm).
@@ -301,9 +309,10 @@ class Reflector:
         return str(exc)
 
     # --- list --------------------------------------------------------------------------------
-    def _list(self) -> str:
-        """Paginated list, handed to the handler page by page (the raw JSON of 10^5 objects is
-        never held at once); the handler swaps its contents only if the whole list succeeds."""
+    def _list(self, since: str = "") -> str:
+        """The list, handed to the handler item by item as it is read (the answer for 10^5 objects
+        is never held at once); the handler swaps its contents only if the whole list succeeds.
+        ``since``: the last resourceVersion seen (a relist), so the answer is not older than it."""
         resource_version = ""
         count = 0
         if self.discover is not None:
@@ -341,11 +350,87 @@ class Reflector:
             items = page_items if isinstance(page_items, list) else []
             return str(meta.get("resourceVersion", "")), meta.get("continue") or None, items
 
+        first_token: str | None = None  # of the first answer, when the server paginated
+
+        def first_page() -> Iterator[Any]:
+            """The first answer, streamed: with ``resourceVersion`` 0 (or, relisting, not older
+            than what was seen) the API server answers from its watch cache, and answers the whole
+            list at once (it ignores ``limit`` there); see :mod:`otel_dra.kube.liststream`. Sets
+            the list's version and the continue token (when the server did paginate) as it reads."""
+            nonlocal resource_version, encoding, first_token
+            query: dict[str, str | int] = {"limit": self.page_size, "resourceVersion": since or "0"}
+            if since:
+                query["resourceVersionMatch"] = "NotOlderThan"
+            if self.field_selector:
+                query["fieldSelector"] = self.field_selector
+            try:
+                resp = self.client.request(
+                    "GET", self.resource.path, query=query, headers=headers, stream=True, timeout=(10.0, 60.0)
+                )
+            except ApiError as exc:
+                # What client-go does too: a version the cache cannot serve (compacted away, or
+                # newer than this API server's cache: 504 after its wait) is listed by quorum read.
+                if not since or exc.status not in (410, 504):
+                    raise
+                log.info(
+                    "%s: cannot list at resourceVersion %s (%d), listing the latest",
+                    self.resource.plural,
+                    since,
+                    exc.status,
+                )
+                del query["resourceVersion"], query["resourceVersionMatch"]
+                resp = self.client.request(
+                    "GET", self.resource.path, query=query, headers=headers, stream=True, timeout=(10.0, 60.0)
+                )
+            self._response = resp
+            complete = False
+            try:
+                page = StreamedList(resp.stream(_READ))
+                resource_version, first_token = page.resource_version, page.continue_token
+                if page.protobuf:
+                    if decode_item is None:
+                        raise ValueError("a protobuf answer to a JSON list")
+                    encoding = "protobuf"
+                    yield from map(decode_item, page.items())
+                else:
+                    yield from page.items()
+                # What follows the items may say otherwise (see StreamedList._json_tail).
+                resource_version, first_token = page.resource_version, page.continue_token
+                complete = True
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                if self._stop.is_set():
+                    raise _Stopped() from exc
+                raise ApiError(0, f"{self.resource.path}: list connection lost: {exc}") from exc
+            finally:
+                self._response = None
+                if not complete:
+                    resp.close()  # not read to the end: the connection cannot be reused
+                resp.release_conn()
+
         def items() -> Iterator[dict[str, Any]]:
-            nonlocal resource_version, count
+            nonlocal resource_version, count, encoding
             pending: _Prefetch | None = None
             try:
-                raw = fetch(None)
+                for item in first_page():
+                    if pending is None and first_token and not self._stop.is_set():
+                        # The server paginated after all (no watch cache, say): the next page is
+                        # asked for as the first one is handed over, as for the others below.
+                        pending = _Prefetch(fetch, first_token, f"reflector-{self.resource.plural}-prefetch")
+                    if isinstance(item, dict):
+                        count += 1
+                        yield item
+                if pending is not None and pending.token != first_token:  # the tail said otherwise
+                    pending.discard()
+                    pending = None
+                if not first_token:
+                    return
+                if self._stop.is_set():
+                    raise _Stopped()
+                encoding = "JSON"
+                if pending is not None:
+                    raw, pending = pending.result(), None
+                else:
+                    raw = fetch(first_token)
                 while True:
                     # The next page is asked for while this one is decoded and handed over (the wait
                     # for the API server releases the GIL): for JSON the token is read from the head

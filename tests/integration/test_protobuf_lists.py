@@ -127,19 +127,31 @@ class _Recorder:
 
 
 class _Counting(KubeClient):
-    """The real client, counting the list answers by encoding."""
+    """The real client, recording the list requests and their answers' encodings."""
 
     def __init__(self, base: KubeClient) -> None:
         super().__init__(base.credentials)
         self.encodings: list[str] = []
+        self.queries: list[dict[str, Any]] = []
 
     def get_bytes(self, path: str, query: Any = None, **kwargs: Any) -> bytes:
         data = super().get_bytes(path, query, **kwargs)
+        self.queries.append(dict(query or {}))
         self.encodings.append("protobuf" if protobuf.is_protobuf(data) else "json")
         return data
 
+    def request(self, method: str, path: str, query: Any = None, **kwargs: Any) -> Any:
+        resp = super().request(method, path, query=query, **kwargs)
+        if method == "GET" and kwargs.get("stream") and "watch" not in (query or {}):  # a list's first answer
+            self.queries.append(dict(query or {}))
+            kind = resp.headers.get("Content-Type", "")
+            self.encodings.append("protobuf" if kind.startswith(protobuf.MEDIA_TYPE) else "json")
+        return resp
 
-def test_reflector_lists_pods_as_protobuf_page_by_page(listed: KubeClient) -> None:
+
+def test_reflector_lists_pods_as_protobuf_from_the_watch_cache(listed: KubeClient) -> None:
+    """The initial list asks for resourceVersion 0, which the API server answers from its watch
+    cache in one answer whatever the limit (read as a stream), as protobuf."""
     client = _Counting(listed)
     recorder = _Recorder()
     reflector = Reflector(client, pods.RESOURCE, recorder, page_size=2, field_selector=f"metadata.namespace={NS}")
@@ -148,8 +160,9 @@ def test_reflector_lists_pods_as_protobuf_page_by_page(listed: KubeClient) -> No
         wait_until(lambda: reflector.state().has_synced, timeout=30)
     finally:
         reflector.stop()
-    # 6 pods in pages of 2 (and maybe an empty last page after a full one), every one protobuf.
-    assert len(client.encodings) >= 3 and set(client.encodings) == {"protobuf"}, client.encodings
+    assert client.encodings == ["protobuf"], client.encodings
+    assert client.queries[0]["resourceVersion"] == "0" and client.queries[0]["limit"] == 2
+    assert len(recorder.items) == 6  # 6 pods although the limit is 2: the cache ignores it
     assert _parsed(recorder.items) == _parsed(_json_items(listed))
 
 
