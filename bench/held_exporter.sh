@@ -1,0 +1,35 @@
+#!/bin/bash
+# One exporter from source tree TREE against a held testbed (bench/held.py), measured:
+#   bench/held_exporter.sh KUBECONFIG TREE NAME [exporter args...]      (SCRAPES=15 by default)
+# Prints: seconds from process start to /readyz 200; CPU seconds by then of the exporter, of
+# kube-apiserver and of etcd (their /proc stat, found by the testbed's ports); the plain scrape
+# p50 (min, max) by curl after two warm-up scrapes; VmRSS / VmHWM; the exporter's own collection
+# time sums. Logs go to $OUT (default /tmp)/NAME.log. Needs the tree byte-compiled for a fair start-up:
+#   PYTHONDONTWRITEBYTECODE= python -m compileall -q TREE/otel_dra
+set -euo pipefail
+kc=$1; tree=$2; out=$3; shift 3
+dir=${OUT:-/tmp}
+python=${PYTHON:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python}
+port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
+api_port=$(sed -n 's|.*server: https://127.0.0.1:\([0-9]*\).*|\1|p' "$kc" | head -1)
+apid=$(pgrep -f "kube-apiserver.*secure-port=$api_port" | head -1)
+etcd_port=$(tr ' ' '\n' < "/proc/$apid/cmdline" 2>/dev/null | tr '\0' '\n' | sed -n 's|--etcd-servers=http://127.0.0.1:\([0-9]*\).*|\1|p' | head -1)
+epid=$(pgrep -f "etcd.*127.0.0.1:$etcd_port" | head -1)
+cpu() { awk '{print ($14+$15)/100}' "/proc/$1/stat"; }
+a0=$(cpu "$apid"); e0=$(cpu "$epid")
+start=$(date +%s.%N)
+(cd "$tree" && PYTHONPATH=$tree exec "$python" -m otel_dra exporter --kubeconfig "$kc" --address 127.0.0.1 --port "$port" "$@") > "$dir/$out.log" 2>&1 &
+pid=$!
+trap 'kill $pid 2>/dev/null || true' EXIT
+until curl -sf "http://127.0.0.1:$port/readyz" > /dev/null; do
+    kill -0 $pid 2> /dev/null || { echo "exporter exited; see $dir/$out.log"; exit 1; }
+    sleep 0.1
+done
+end=$(date +%s.%N)
+echo "$out: initial sync $(echo "$end - $start" | bc) s; CPU: exporter $(cpu $pid) s, apiserver $(echo "$(cpu "$apid") - $a0" | bc) s, etcd $(echo "$(cpu "$epid") - $e0" | bc) s"
+curl -s -o /dev/null "http://127.0.0.1:$port/metrics"; curl -s -o /dev/null "http://127.0.0.1:$port/metrics"
+for _ in $(seq "${SCRAPES:-15}"); do curl -s -o /dev/null -w "%{time_total}\n" "http://127.0.0.1:$port/metrics"; done | sort -n > "$dir/$out.scrapes"
+n=$(wc -l < "$dir/$out.scrapes")
+echo "  scrape p50 $(sed -n "$(( (n + 1) / 2 ))p" "$dir/$out.scrapes") s (min $(head -1 "$dir/$out.scrapes"), max $(tail -1 "$dir/$out.scrapes")); body $(curl -s "http://127.0.0.1:$port/metrics" | wc -c) bytes"
+echo "  $(grep -E 'VmRSS|VmHWM' /proc/$pid/status | tr -s ' \t' ' ' | tr '\n' ' ')"
+curl -s "http://127.0.0.1:$port/metrics" | grep -E '^otel_dra_collection_(duration|cpu_time)_seconds_(sum|count)\{exporter="prometheus"' | sed 's/^/  /'
