@@ -55,6 +55,7 @@ class StreamedList:
         self._chunks = chunks
         self._buf = bytearray()
         self._pos = 0
+        self._offset = 0  # stream offset of _buf[0]
         self._done = False
         while len(self._buf) < 4 and self._more():
             pass
@@ -80,8 +81,6 @@ class StreamedList:
                 return True
         self._done = True
         return False
-
-    _offset = 0  # stream offset of _buf[0]
 
     def _need(self, n: int) -> None:
         while len(self._buf) - self._pos < n:
@@ -237,13 +236,13 @@ class StreamedList:
                 pass
             if text[at : at + 4] != "null":
                 raise ValueError("malformed JSON list: items is not an array")
-            self._json_tail(text[at + 4 :])
+            self._json_tail(text[at + 4 :], decoder)
             return
         if first != "[":
             raise ValueError("malformed JSON list: items is not an array")
         at += 1
         if skip_space() == "]":
-            self._json_tail(text[at + 1 :])
+            self._json_tail(text[at + 1 :], decoder)
             return
         while True:
             while True:
@@ -258,18 +257,19 @@ class StreamedList:
             sep = skip_space()
             at += 1
             if sep == "]":
-                self._json_tail(text[at:])
+                self._json_tail(text[at:], decoder)
                 return
             if sep != ",":
                 raise ValueError(f"malformed JSON list: {sep!r} between items")
             skip_space()
 
-    def _json_tail(self, rest: str) -> None:
+    def _json_tail(self, rest: str, decoder: codecs.IncrementalDecoder) -> None:
         """What follows the items (Go writes only the closing brace). A field there is read as
         ``json.loads`` would read the whole answer: a second ``metadata`` wins over the head's."""
         while self._more():
-            rest += bytes(self._buf).decode("utf-8")
+            rest += decoder.decode(bytes(self._buf))
             self._buf, self._pos = bytearray(), 0
+        rest += decoder.decode(b"", final=True)
         if rest.strip() == "}":
             return
         try:
