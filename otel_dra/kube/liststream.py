@@ -37,9 +37,33 @@ from otel_dra.kube import protobuf
 # malformed (API objects are at most ~1.5 MiB in etcd; decoded JSON is a few times that at most).
 _MAX_PENDING = 64 << 20
 
-# The head of a JSON list as Go's encoding/json writes it (fields in struct order, no spaces).
+# The head of a JSON list as the API server writes it (Go's encoding/json: fields in struct order,
+# no spaces): kind, apiVersion, then metadata, a flat object (resourceVersion, continue,
+# remainingItemCount), before the items.
 _JSON_HEAD = re.compile(rb'\{(?:"(?:kind|apiVersion)":"[^"\\]*",)*"metadata":(\{[^{}]*\}),"items":')
 _JSON_HEAD_BYTES = 4096
+
+# Length-delimited fields 1, 2 and 3 (wire type 2): Unknown.raw and List.items are field 2,
+# List.metadata field 1, Unknown.contentEncoding field 3.
+_FIELD_1, _FIELD_2, _FIELD_3 = (1 << 3) | 2, (2 << 3) | 2, (3 << 3) | 2
+
+
+def json_head(data: bytes | bytearray) -> tuple[str, str | None, int] | None:
+    """(resourceVersion, continue token, offset of the items) of a JSON list answer, read from its
+    head without decoding the items; None when the head is not in the shape Go writes. JSON escapes
+    in the metadata are decoded by json itself (ValueError when it is not JSON)."""
+    m = _JSON_HEAD.match(data, 0, _JSON_HEAD_BYTES)
+    if m is None:
+        return None
+    return (*_json_meta(json.loads(m[1])), m.end())
+
+
+def _json_meta(meta: Any) -> tuple[str, str | None]:
+    """(resourceVersion, continue token) of a list's JSON metadata."""
+    if not isinstance(meta, dict):
+        return "", None
+    token = meta.get("continue")
+    return str(meta.get("resourceVersion", "")), token if isinstance(token, str) and token else None
 
 
 class StreamedList:
@@ -122,6 +146,11 @@ class StreamedList:
     def _at(self) -> int:
         return self._offset + self._pos
 
+    def _list_meta(self) -> None:
+        meta = meta_pb2.ListMeta.FromString(self._bytes(self._varint()))
+        self.resource_version = meta.resourceVersion
+        self.continue_token = getattr(meta, "continue") or None
+
     def _protobuf_head(self) -> int:
         """Walks the envelope to the list, reads the list's fields up to its first item; returns
         the stream offset where the list ends."""
@@ -129,7 +158,7 @@ class StreamedList:
             if len(self._buf) == self._pos and not self._more():
                 raise ValueError("malformed protobuf list: no list in the answer")
             tag = self._varint()
-            if tag == (2 << 3) | 2:  # Unknown.raw: the list
+            if tag == _FIELD_2:  # Unknown.raw: the list
                 end = self._varint() + self._at()
                 break
             self._skip(tag & 7)
@@ -137,11 +166,9 @@ class StreamedList:
         self._first_item: bytes | None = None
         while self._at() < end:
             tag = self._varint()
-            if tag == (1 << 3) | 2:
-                meta = meta_pb2.ListMeta.FromString(self._bytes(self._varint()))
-                self.resource_version = meta.resourceVersion
-                self.continue_token = getattr(meta, "continue") or None
-            elif tag == (2 << 3) | 2:
+            if tag == _FIELD_1:
+                self._list_meta()
+            elif tag == _FIELD_2:
                 self._first_item = self._bytes(self._varint())
                 break
             else:
@@ -153,15 +180,12 @@ class StreamedList:
         if self._first_item is not None:
             first, self._first_item = self._first_item, None
             yield first
-        item_tag = (2 << 3) | 2
         while self._at() < end:
             tag = self._varint()
-            if tag == item_tag:
+            if tag == _FIELD_2:
                 yield self._bytes(self._varint())
-            elif tag == (1 << 3) | 2:  # ListMeta after items: not what the API server writes
-                meta = meta_pb2.ListMeta.FromString(self._bytes(self._varint()))
-                self.resource_version = meta.resourceVersion
-                self.continue_token = getattr(meta, "continue") or None
+            elif tag == _FIELD_1:  # ListMeta after items: not what the API server writes
+                self._list_meta()
             else:
                 self._skip(tag & 7)
         if self._at() != end:
@@ -169,7 +193,7 @@ class StreamedList:
         # The envelope's other fields follow the list (contentEncoding, contentType).
         while len(self._buf) > self._pos or self._more():
             tag = self._varint()
-            if tag == (3 << 3) | 2:
+            if tag == _FIELD_3:
                 encoding = self._bytes(self._varint())
                 if encoding:
                     raise ValueError(f"protobuf answer with content encoding {encoding.decode(errors='replace')!r}")
@@ -179,26 +203,22 @@ class StreamedList:
     # --- JSON ----------------------------------------------------------------------------------
     def _json_head(self) -> None:
         while True:
-            m = _JSON_HEAD.match(self._buf, 0, _JSON_HEAD_BYTES)
-            if m is not None or len(self._buf) >= _JSON_HEAD_BYTES or not self._more():
+            head = json_head(self._buf)
+            if head is not None or len(self._buf) >= _JSON_HEAD_BYTES or not self._more():
                 break
         self._json_whole: Any = None
-        if m is None:
+        if head is None:
             # Not the shape Go writes (a proxy that re-encodes, say): decoded whole, as before.
             while self._more():
                 pass
             page = json.loads(bytes(self._buf))
             if not isinstance(page, dict):
                 raise ValueError("list answer is not a JSON object")
-            meta = page.get("metadata") or {}
             items = page.get("items")
             self._json_whole = items if isinstance(items, list) else []
+            self.resource_version, self.continue_token = _json_meta(page.get("metadata"))
         else:
-            meta = json.loads(m[1])
-            self._pos = m.end()
-        self.resource_version = str(meta.get("resourceVersion", "")) if isinstance(meta, dict) else ""
-        token = meta.get("continue") if isinstance(meta, dict) else None
-        self.continue_token = token if isinstance(token, str) and token else None
+            self.resource_version, self.continue_token, self._pos = head
 
     def _json_items(self) -> Iterator[Any]:
         if self._json_whole is not None:
@@ -278,9 +298,7 @@ class StreamedList:
             raise ValueError(f"malformed JSON list after the items: {exc}") from None
         meta = tail.get("metadata") if isinstance(tail, dict) else None
         if isinstance(meta, dict):
-            self.resource_version = str(meta.get("resourceVersion", ""))
-            token = meta.get("continue")
-            self.continue_token = token if isinstance(token, str) and token else None
+            self.resource_version, self.continue_token = _json_meta(meta)
 
     def items(self) -> Iterator[Any]:
         return self._protobuf_items() if self.protobuf else self._json_items()

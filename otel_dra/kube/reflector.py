@@ -32,7 +32,6 @@ import contextlib
 import json
 import logging
 import random
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -42,7 +41,7 @@ from typing import Any, Protocol
 import urllib3
 from google.protobuf.message import DecodeError
 
-from otel_dra.kube import protobuf
+from otel_dra.kube import liststream, protobuf
 from otel_dra.kube.client import ApiError, KubeClient
 from otel_dra.kube.liststream import StreamedList
 
@@ -363,10 +362,14 @@ class Reflector:
                 query["resourceVersionMatch"] = "NotOlderThan"
             if self.field_selector:
                 query["fieldSelector"] = self.field_selector
-            try:
-                resp = self.client.request(
+
+            def get() -> urllib3.BaseHTTPResponse:
+                return self.client.request(
                     "GET", self.resource.path, query=query, headers=headers, stream=True, timeout=(10.0, 60.0)
                 )
+
+            try:
+                resp = get()
             except ApiError as exc:
                 # What client-go does too: a version the cache cannot serve (compacted away, or
                 # newer than this API server's cache: 504 after its wait) is listed by quorum read.
@@ -379,9 +382,7 @@ class Reflector:
                     exc.status,
                 )
                 del query["resourceVersion"], query["resourceVersionMatch"]
-                resp = self.client.request(
-                    "GET", self.resource.path, query=query, headers=headers, stream=True, timeout=(10.0, 60.0)
-                )
+                resp = get()
             self._response = resp
             complete = False
             try:
@@ -571,26 +572,15 @@ def _lines(resp: urllib3.BaseHTTPResponse) -> Iterator[bytes]:
         yield buffer
 
 
-# The head of a list answer as the API server writes it (Go's encoding/json: fields in struct order,
-# no spaces): kind, apiVersion, then metadata, a flat object (resourceVersion, continue,
-# remainingItemCount), before the items.
-_HEAD = re.compile(rb'\{(?:"(?:kind|apiVersion)":"[^"\\]*",)*"metadata":(\{[^{}]*\}),"items":')
-_HEAD_BYTES = 4096
-
-
 def _head_continue(raw: bytes) -> str | None:
     """The continue token of a raw list page, read from its head without decoding the items; None
     when there is none or the head is not in the expected shape (the caller then waits for the
-    full decode). JSON escapes in the metadata are decoded by json itself."""
-    m = _HEAD.match(raw, 0, _HEAD_BYTES)
-    if m is None:
-        return None
+    full decode)."""
     try:
-        meta = json.loads(m[1])
+        head = liststream.json_head(raw)
     except ValueError:
         return None
-    token = meta.get("continue") if isinstance(meta, dict) else None
-    return token if isinstance(token, str) and token else None
+    return head[1] if head is not None else None
 
 
 class _Prefetch:

@@ -42,7 +42,6 @@ class GaugeFamily:
     description: str
     labels: tuple[str, ...]
     prom_name: str = field(init=False)
-    _keys: tuple[str, ...] = field(init=False, repr=False)
     # One sample's line as a %-format: the name and the label keys are fixed per family, so a
     # sample costs one C-level formatting of its (escaped) label values and its number. Names and
     # keys are sanitised to [a-zA-Z0-9_:], so the template holds no other "%".
@@ -57,7 +56,6 @@ class GaugeFamily:
         keys = [sanitize_label(k) for k in self.labels]
         # The SDK's reader emits labels sorted by key; so do we, to produce identical text.
         order = tuple(sorted(range(len(keys)), key=lambda i: keys[i]))
-        object.__setattr__(self, "_keys", tuple(keys[i] for i in order))
         labels = ",".join(f'{keys[i]}="%s"' for i in order)
         template = f"{self.prom_name}{{{labels}}} %s\n" if keys else f"{self.prom_name} %s\n"
         object.__setattr__(self, "_template", template)
