@@ -3,7 +3,7 @@
 The transport is the SDK's own OTLP exporter, configured from the same ``OTEL_EXPORTER_OTLP_*``
 variables (endpoint, headers, TLS, compression, timeout, retries with backoff); we only hand it
 bytes that are already serialised. Over HTTP it gets the SDK's urllib3 transport where that sends
-what its default requests session would (:func:`otel_dra.telemetry.otlp.plain_http_transport`).
+what its default requests session would (:func:`otel_dra.telemetry.provider.otlp_metric_exporter`).
 That uses a few private hooks of opentelemetry-exporter-otlp 1.45 (pinned in requirements.lock);
 tests/integration/test_exporter_live.py exercises both protocols against a real OTLP receiver, so
 an upgrade that moves them fails loudly.
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from otel_dra.telemetry.otlp import OtlpSignalConfig, metric_export_interval_ms, plain_http_transport
+from otel_dra.telemetry.otlp import OtlpSignalConfig, metric_export_interval_ms
 from otel_dra.telemetry.otlp_encode import MetricHeader, PointGroup, RequestBuilder
 from otel_dra.telemetry.priority import ScrapePriority
 
@@ -33,8 +33,7 @@ class RawSender(Protocol):
 
 
 class _GrpcSender:
-    def __init__(self) -> None:
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    def __init__(self, exporter: Any) -> None:
         from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 
         class RawStub:
@@ -45,7 +44,6 @@ class _GrpcSender:
                     response_deserializer=ExportMetricsServiceResponse.FromString,
                 )
 
-        exporter: Any = OTLPMetricExporter()
         exporter._stub = RawStub
         exporter._initialize_channel_and_stub()
         exporter._translate_data = lambda data: data
@@ -62,11 +60,8 @@ class _GrpcSender:
 
 
 class _HttpSender:
-    def __init__(self, config: OtlpSignalConfig) -> None:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-        transport = plain_http_transport(config)  # as the SDK reader's exporter (provider.py)
-        self._exporter: Any = OTLPMetricExporter() if transport is None else OTLPMetricExporter(_transport=transport)
+    def __init__(self, exporter: Any) -> None:
+        self._exporter = exporter
 
     def send(self, request: bytes) -> bool:
         return bool(self._exporter._client.export(request).success)
@@ -76,7 +71,12 @@ class _HttpSender:
 
 
 def raw_sender(config: OtlpSignalConfig) -> RawSender:
-    return _GrpcSender() if config.protocol == "grpc" else _HttpSender(config)
+    """A sender over the SDK exporter that the metric reader would get for ``config`` (the same
+    protocol and, over HTTP, the same transport choice), fed our bytes."""
+    from otel_dra.telemetry.provider import otlp_metric_exporter
+
+    exporter = otlp_metric_exporter(config)
+    return _GrpcSender(exporter) if config.protocol == "grpc" else _HttpSender(exporter)
 
 
 # What to push: (metric header, its point chunks), or None while there is nothing valid to push.
