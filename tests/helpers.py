@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import socket
 import time
@@ -121,11 +122,24 @@ def free_port() -> int:
 
 
 def free_ports(count: int) -> int:
-    """A port p such that p … p+count-1 are all free now (for commands taking a base port)."""
+    """A port p such that p … p+count-1 are all free now (for commands taking a base port).
+
+    The run is taken below the kernel's ephemeral range: ports there are handed out to every
+    outgoing connection and every port-0 listener of the testbed, so a run checked free there can
+    be taken again before the command binds it (a demo plugin once failed so with EADDRINUSE)."""
+    low = _ephemeral_low()
     while True:
-        base = free_port()
-        if base + count <= 65535 and all(_bindable(base + i) for i in range(1, count)):
+        base = random.randrange(max(1024, low - 12000), low - count)
+        if all(_bindable(base + i) for i in range(count)):
             return base
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def _bindable(port: int) -> bool:

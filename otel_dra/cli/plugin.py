@@ -9,7 +9,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from otel_dra.cli.flags import (
 )
 from otel_dra.cli.lifecycle import stop_on_signals, wait_for
 from otel_dra.cli.web import WebOptions, add_web_flags, build_access, describe, web_options
+from otel_dra.records import record
 
 log = logging.getLogger("otel_dra")
 
@@ -163,7 +163,7 @@ def _recheck(publishers: list[Any]) -> None:
         publisher.recheck_soon()
 
 
-@dataclass
+@record
 class PluginApp:
     """A running plugin (used by the CLI and by in-process tests)."""
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 from otel_dra.cli.flags import UsageError, add_flag, int_in, positive_seconds
+from otel_dra.records import record
 
 log = logging.getLogger("otel_dra")
 
@@ -104,7 +104,7 @@ def add_web_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class WebOptions:
     """What the flags ask of the metrics server; ``config`` is the parsed web config file."""
 
@@ -142,7 +142,7 @@ def web_options(args: argparse.Namespace) -> WebOptions:
     return WebOptions(config, args.authorization, args.authorization_allow_ttl, args.authorization_deny_ttl, limits)
 
 
-@dataclass
+@record
 class MetricsAccess:
     """The metrics server's Security, and the Kubernetes authorizer behind it (None unless
     --authorization=kubernetes), kept for its counters."""

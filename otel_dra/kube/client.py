@@ -16,12 +16,13 @@ import os
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import urllib3
+
+from otel_dra.records import record
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class ApiError(Exception):
         super().__init__(f"HTTP {status}: {message}" if status else message)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Credentials:
     """Where the API server is and how to authenticate; ``source`` says where it came from."""
 
@@ -205,14 +206,12 @@ def _simple_kubeconfig(path_list: str, source: str) -> Credentials | None:
     if os.pathsep in path_list or not Path(path_list).expanduser().is_file():
         return None
     path = Path(path_list).expanduser()
-    import yaml
-
     try:
-        config = yaml.safe_load(path.read_text())
+        config = _read_kubeconfig(path.read_text())
         context = _named(config["contexts"], config["current-context"], "context")
         cluster = _named(config["clusters"], context["cluster"], "cluster")
         user = _named(config.get("users") or [], context["user"], "user") if context.get("user") else {}
-    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError):
+    except (OSError, KeyError, TypeError, ValueError, AttributeError):
         return None
     if not isinstance(cluster, dict) or not isinstance(user, dict) or set(cluster) - _CLUSTER_KEYS:
         return None
@@ -245,6 +244,23 @@ def _simple_kubeconfig(path_list: str, source: str) -> Credentials | None:
         tls_server_name=cluster.get("tls-server-name"),
         auth_headers=lambda: dict(headers),
     )
+
+
+def _read_kubeconfig(text: str) -> Any:
+    """A kubeconfig's content. JSON (what ``kubectl config view -o json`` writes, and valid YAML)
+    is read without yaml: importing it is a tenth of the plugin's start-up CPU (docs/benchmarks.md).
+    Raises ValueError for text that is neither."""
+    if text.lstrip().startswith("{"):
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass  # YAML's flow style also starts with "{" and is not always JSON
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(str(exc)) from exc
 
 
 def _named(items: Any, name: Any, key: str) -> Any:
@@ -289,7 +305,7 @@ def _remove_temp_files() -> None:
     _temp_files.clear()
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RequestRecord:
     """One attempt of one API request, as seen by a :data:`RequestObserver`."""
 
@@ -307,7 +323,7 @@ RequestObserver = Callable[[RequestRecord], None]
 RETRYABLE_STATUSES = frozenset({0, 429, 500, 502, 503, 504})
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RetryPolicy:
     """Bounded retries with exponential backoff for requests that are safe to repeat.
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from otel_dra.plugin.files import write_atomic
+from otel_dra.records import asdict, record
 
 VERSION = 1
 
@@ -33,7 +33,7 @@ class CheckpointError(RuntimeError):
     """The checkpoint file exists but cannot be used; the message names it."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class PreparedDevice:
     request_names: tuple[str, ...]
     pool_name: str
@@ -45,7 +45,7 @@ class PreparedDevice:
     container_env: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class PreparedClaim:
     namespace: str
     name: str

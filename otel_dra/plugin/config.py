@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
+
+from otel_dra.records import record
 
 GROUP = "gpu.resource.example.com"
 VERSION = "v1alpha1"
@@ -58,7 +59,7 @@ class ConfigError(ValueError):
     """A device configuration of the claim cannot be used; the message says which and why."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class GpuConfig:
     """A normalized, validated GpuConfig: the strategy and its one setting."""
 
@@ -159,7 +160,7 @@ def _only(obj: Mapping[str, Any], allowed: set[str], what: str) -> None:
         raise ConfigError(f"unknown field(s) in {what}: {', '.join(unknown)}")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class _Entry:
     requests: tuple[str, ...]
     config: GpuConfig

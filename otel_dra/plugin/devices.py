@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
+
+from otel_dra.records import record
 
 # Limits of resource.k8s.io/v1 (v0.34.0) that a device source must respect.
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
@@ -24,7 +26,7 @@ SIMULATED_COMPUTE = "100"
 _UUID_NAMESPACE = uuid.UUID("6f1b9c1e-3a52-4c1e-9b0e-6d1e0a7f5c21")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Device:
     """One allocatable device: its name in the pool, attributes and capacity (API JSON shape)."""
 

@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Literal, overload
 from urllib.parse import quote, urlsplit
 
@@ -36,6 +35,7 @@ from otel_dra.plugin.checkpoint import Checkpoint, CheckpointError, PreparedClai
 from otel_dra.plugin.config import DEFAULT, ConfigError, configs_by_request, device_env
 from otel_dra.plugin.devices import Device
 from otel_dra.plugin.metrics import PluginMetrics
+from otel_dra.records import record
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ _UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _LOCK_STRIPES = 64
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ClaimRef:
     """A claim as the kubelet names it."""
 
@@ -90,7 +90,7 @@ class ClaimRef:
         return f"{self.namespace}/{self.name} (uid {self.uid})"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ClaimResult:
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""

@@ -33,13 +33,14 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import grpc
+
+from otel_dra.records import record, replace
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class Health(enum.IntEnum):
         return self.name.lower()
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DeviceHealth:
     device: str
     health: Health

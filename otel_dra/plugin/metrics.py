@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from opentelemetry.metrics import CallbackOptions, Counter, Histogram, MeterProvider, Observation
 
 from otel_dra import __version__
 from otel_dra.kube.client import RequestRecord
+from otel_dra.records import record
 
 SCOPE = "otel_dra.plugin"
 
@@ -34,7 +34,7 @@ CLAIM_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 REST_DURATION_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Instrument:
     name: str  # OTel instrument name
     kind: str  # "counter" or "histogram"

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gzip
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from operator import itemgetter
 
 from prometheus_client import CollectorRegistry
@@ -29,36 +28,31 @@ TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = om_exposition.CONTENT_TYPE_LATEST
 
 
-@dataclass(frozen=True)
 class GaugeFamily:
     """A gauge whose samples are rendered outside the SDK.
 
     ``name``/``unit`` are the OTel instrument name and UCUM unit; ``labels`` are the attribute
-    keys, in the order in which sample label values are given.
+    keys, in the order in which sample label values are given. Compared and hashed by those four.
+    (A plain class, not a dataclass: see otel_dra.records for what dataclasses cost at import.)
     """
 
-    name: str
-    unit: str
-    description: str
-    labels: tuple[str, ...]
-    prom_name: str = field(init=False)
-    # One sample's line as a %-format: the name and the label keys are fixed per family, so a
-    # sample costs one C-level formatting of its (escaped) label values and its number. Names and
-    # keys are sanitised to [a-zA-Z0-9_:], so the template holds no other "%".
-    _template: str = field(init=False, repr=False, compare=False)
-    # The label values of a sample in output order (the SDK's reader sorts labels by key), as a tuple.
-    _sorted: Callable[[Sequence[str]], tuple[str, ...]] = field(init=False, repr=False, compare=False)
-    # Recent numbers of this family, formatted: capacities, counts and timestamps repeat a lot.
-    _numbers: dict[float, str] = field(init=False, repr=False, compare=False)
+    __slots__ = ("_numbers", "_sorted", "_template", "description", "labels", "name", "prom_name", "unit")
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "prom_name", prometheus_name(self.name, self.unit))
-        keys = [sanitize_label(k) for k in self.labels]
+    def __init__(self, name: str, unit: str, description: str, labels: tuple[str, ...]) -> None:
+        self.name = name
+        self.unit = unit
+        self.description = description
+        self.labels = labels
+        self.prom_name = prometheus_name(name, unit)
+        keys = [sanitize_label(k) for k in labels]
         # The SDK's reader emits labels sorted by key; so do we, to produce identical text.
         order = tuple(sorted(range(len(keys)), key=lambda i: keys[i]))
-        labels = ",".join(f'{keys[i]}="%s"' for i in order)
-        template = f"{self.prom_name}{{{labels}}} %s\n" if keys else f"{self.prom_name} %s\n"
-        object.__setattr__(self, "_template", template)
+        # One sample's line as a %-format: the name and the label keys are fixed per family, so a
+        # sample costs one C-level formatting of its (escaped) label values and its number. Names
+        # and keys are sanitised to [a-zA-Z0-9_:], so the template holds no other "%".
+        joined = ",".join(f'{keys[i]}="%s"' for i in order)
+        self._template = f"{self.prom_name}{{{joined}}} %s\n" if keys else f"{self.prom_name} %s\n"
+        # The label values of a sample in output order, as a tuple.
         sorted_values: Callable[[Sequence[str]], tuple[str, ...]]
         if len(order) > 1:
             sorted_values = itemgetter(*order)
@@ -73,8 +67,24 @@ class GaugeFamily:
             def sorted_values(values: Sequence[str]) -> tuple[str, ...]:
                 return ()
 
-        object.__setattr__(self, "_sorted", sorted_values)
-        object.__setattr__(self, "_numbers", dict(_NUMBERS))
+        self._sorted = sorted_values
+        # Recent numbers of this family, formatted: capacities, counts and timestamps repeat a lot.
+        self._numbers: dict[float, str] = dict(_NUMBERS)
+
+    def _key(self) -> tuple[str, str, str, tuple[str, ...]]:
+        return (self.name, self.unit, self.description, self.labels)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, GaugeFamily):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        name, unit, description, labels = self._key()
+        return f"GaugeFamily({name=!r}, {unit=!r}, {description=!r}, {labels=!r})"
 
     def header(self, openmetrics: bool) -> bytes:
         name = self.prom_name

@@ -25,10 +25,11 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from http.server import BaseHTTPRequestHandler
 from socketserver import _SocketWriter  # type: ignore[attr-defined]
 
+from otel_dra.records import record
 from otel_dra.telemetry.exposition import (
     OPENMETRICS_CONTENT_TYPE,
     TEXT_CONTENT_TYPE,
@@ -46,7 +47,7 @@ class NotReady(Exception):
     """Raised by a scrape source to answer 500 with no partial data."""
 
 
-@dataclass
+@record
 class Endpoints:
     """``scrape(openmetrics, gzipped)`` returns the body as buffers to send in order (gzip members
     when ``gzipped``) or raises :class:`NotReady`; ``ready()`` returns None when ready, else the
@@ -59,7 +60,7 @@ class Endpoints:
     priority: ScrapePriority | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class TokenVerdict:
     """A :data:`TokenAuthorizer`'s answer: ``status`` 200 (allowed), 401 (not authenticated), 403
     (authenticated, not allowed) or 503 (cannot tell now); ``reason`` goes to the debug log."""
@@ -72,7 +73,7 @@ class TokenVerdict:
 TokenAuthorizer = Callable[[str], TokenVerdict]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Security:
     """HTTPS, credentials for ``/metrics`` and extra response headers. With both ``basic_auth`` and
     ``authorize_token``, either kind of credential is accepted."""
@@ -267,7 +268,7 @@ def _send_tls(sock: ssl.SSLSocket, parts: list[bytes]) -> None:
         sock.sendall(b"".join(pending))
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Limits:
     """What one client may take of the server. Requests are read by one thread that waits on every
     open connection at once (a selector), so a connection that is idle, or slow to send its request,

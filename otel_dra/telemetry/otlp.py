@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from otel_dra.records import record
 
 PROTOCOLS = ("grpc", "http/protobuf")
 # The specification's default. Note that port 4317 is gRPC and 4318 is HTTP by convention.
@@ -23,7 +24,7 @@ class ConfigError(ValueError):
     """An invalid flag or environment variable; the message names it."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class OtlpSignalConfig:
     signal: str  # "metrics" or "traces"
     protocol: str

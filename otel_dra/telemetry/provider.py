@@ -13,7 +13,6 @@ global OpenTelemetry providers, so tests can build as many independent stacks as
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import (
@@ -30,6 +29,7 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, Perio
 from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
 from prometheus_client import CollectorRegistry, ProcessCollector
 
+from otel_dra.records import record
 from otel_dra.telemetry.otlp import (
     OtlpSignalConfig,
     metric_export_interval_ms,
@@ -79,7 +79,7 @@ def otlp_metric_exporter(config: OtlpSignalConfig) -> MetricExporter:
     return Http() if transport is None else Http(_transport=transport)
 
 
-@dataclass
+@record
 class MetricsPipeline:
     """What a process exports: the pull side and, when configured, the push side.
 

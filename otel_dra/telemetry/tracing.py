@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -36,6 +35,7 @@ from opentelemetry.sdk.trace.sampling import (
     TraceIdRatioBased,
 )
 
+from otel_dra.records import record
 from otel_dra.telemetry.otlp import ConfigError, OtlpSignalConfig, otlp_config, plain_http_transport
 from otel_dra.telemetry.provider import make_resource
 
@@ -87,7 +87,7 @@ def otlp_span_exporter(config: OtlpSignalConfig) -> SpanExporter:
     return Http() if transport is None else Http(_transport=transport)
 
 
-@dataclass
+@record
 class TracingPipeline:
     """The provider to hand to instrumented code; ``enabled`` is False for the no-op provider."""
 

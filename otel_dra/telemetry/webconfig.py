@@ -24,9 +24,11 @@ import ssl
 import threading
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
+
+from otel_dra.records import record
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +113,7 @@ _TOP_UNSUPPORTED = {
 _HTTP_FIELDS = {"http2", "headers"}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class TLSSettings:
     cert_file: Path
     key_file: Path
@@ -146,7 +148,7 @@ class TLSSettings:
         return ctx
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class WebConfig:
     """A parsed web config file: each part None / empty when the file leaves it out."""
 
