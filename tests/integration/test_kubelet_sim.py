@@ -10,6 +10,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -106,8 +107,21 @@ class Cluster:
 
     def stop_plugin(self) -> None:
         assert self.plugin is not None
+        started = time.monotonic()
         self.plugin.stop()
-        wait_until(lambda: self.sim.watchers[self.node].plugin(self.driver) is None, 30, what="deregistration")
+        stopped = time.monotonic() - started
+        watcher = self.sim.watchers[self.node]
+        try:
+            wait_until(lambda: watcher.plugin(self.driver) is None, 30, what="deregistration")
+        except AssertionError:
+            # Say why (a CI run once timed out here, with nothing to go on): a plugin killed after
+            # PluginProcess.stop's wait leaves its registration socket, which only its next start replaces.
+            sockets = sorted(p.name for p in (self.root / self.node / "plugins_registry").glob("*"))
+            raise AssertionError(
+                f"the emulator still has {self.driver} registered 30 s after the plugin stopped (exit code "
+                f"{self.plugin.process.returncode} after {stopped:.1f} s; registry: {sockets}); plugin log:\n"
+                + self.plugin.log_path.read_text()[-4000:]
+            ) from None
 
     def teardown(self) -> None:
         if self.plugin is not None:
