@@ -54,7 +54,12 @@ def test_construction_equality_and_repr_match_dataclasses(frozen: bool) -> None:
 @pytest.mark.parametrize("frozen", [False, True])
 def test_argument_errors_match_dataclasses(frozen: bool) -> None:
     dc, rec = _pair(frozen)
-    for args, kwargs in [((), {}), (("a", 1, [], "l", "extra"), {}), (("a",), {"name": "again"}), (("a",), {"nope": 1})]:
+    for args, kwargs in [
+        ((), {}),
+        (("a", 1, [], "l", "extra"), {}),
+        (("a",), {"name": "again"}),
+        (("a",), {"nope": 1}),
+    ]:
         with pytest.raises(TypeError):
             dc(*args, **kwargs)
         with pytest.raises(TypeError):
