@@ -394,6 +394,7 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     out["rss_mib"] = round(statistics.median(r["rss_mib"] for r in rounds), 1)
     out["cpu_s_per_round"] = round(statistics.median(r["cpu_s"] for r in rounds), 3)
     out["startup_cpu_s"] = round(statistics.median(r["startup_cpu_s"] for r in rounds), 3)
+    out["startup_cpu_s_rounds"] = [r["startup_cpu_s"] for r in rounds]  # clock ticks: 10 ms steps
     out["registered_after_s"] = round(statistics.median(r["registered_s"] for r in rounds), 2)
     spans: dict[str, list[float]] = {}
     for r in rounds:
