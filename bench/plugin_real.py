@@ -141,6 +141,21 @@ def histogram_sums(text: str, family: str, **labels: str) -> tuple[float, float]
     return totals["sum"], totals["count"]
 
 
+def driver_histograms(port: int) -> dict[str, tuple[float, float]] | None:
+    """Sum and count of the driver's prepare histogram (its work after reading the claim) and of
+    its API GETs (the claim reads; rest_client_request_duration_seconds, as client-go), from its
+    /metrics; None when it serves none."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    return {
+        "prepare_claim": histogram_sums(text, "dra_example_driver_prepare_claim_duration_seconds"),
+        "claim_get": histogram_sums(text, "rest_client_request_duration_seconds", verb="GET"),
+    }
+
+
 # --- processes and the node ----------------------------------------------------------------------
 
 
@@ -316,6 +331,7 @@ class Bench:
             registered_s = time.monotonic() - started
             _wait(f"{variant}: {DEVICES} devices published", lambda: self._devices() == DEVICES, 60)
             cpu_before = cpu_seconds(proc.pid)
+            own_before = driver_histograms(metrics_port)  # after start-up's own requests
             names = [f"bench-{self.next_pod + i}" for i in range(pods)]
             created: dict[str, float] = {}
             running: dict[str, float] = {}
@@ -342,6 +358,12 @@ class Bench:
             self.next_pod += pods
             cpu_round = cpu_seconds(proc.pid) - cpu_before
             rss = rss_mib(proc.pid)
+            own_after = driver_histograms(metrics_port)
+            own = (
+                {k: (own_after[k][0] - own_before[k][0], own_after[k][1] - own_before[k][1]) for k in own_after}
+                if own_before and own_after
+                else None
+            )
         finally:
             proc.terminate()
             try:
@@ -372,6 +394,7 @@ class Bench:
             "startup_cpu_s": startup_cpu,
             "registered_s": registered_s,
             "spans": spans,
+            "own": own,
         }
 
 
@@ -396,6 +419,12 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     out["startup_cpu_s"] = round(statistics.median(r["startup_cpu_s"] for r in rounds), 3)
     out["startup_cpu_s_rounds"] = [r["startup_cpu_s"] for r in rounds]  # clock ticks: 10 ms steps
     out["registered_after_s"] = round(statistics.median(r["registered_s"] for r in rounds), 2)
+    # The driver's own histograms (same names in ours and upstream's): where a prepare's time goes
+    # without spans, so that tracing off and on can be compared part by part.
+    for part in ("prepare_claim", "claim_get"):
+        pairs = [r["own"][part] for r in rounds if r.get("own")]
+        count = sum(c for _, c in pairs)
+        out[f"{part}_mean_ms"] = ms(sum(s for s, _ in pairs) / count) if count else None
     spans: dict[str, list[float]] = {}
     for r in rounds:
         for name, seconds in r.get("spans", {}).items():
