@@ -187,6 +187,14 @@ def at(node: Any, path: Path) -> Any:
     return node
 
 
+def _fresh(value: Any) -> Any:
+    """A drawn value as a copy of its own. Strategies such as ``sampled_from([..., [], {}])`` hand
+    out the same list or dict object at every draw; a later mutation that inserts into it in place
+    would change what the strategy gives from then on, which Hypothesis reports as a flaky strategy
+    definition ("Inconsistent data generation": seen once in CI)."""
+    return copy.deepcopy(value)
+
+
 @st.composite
 def _mutate_once(draw: st.DrawFn, obj: dict[str, Any]) -> str:
     """One mutation of ``obj`` in place; returns what it did (for the failure report)."""
@@ -203,10 +211,10 @@ def _mutate_once(draw: st.DrawFn, obj: dict[str, Any]) -> str:
         return f"delete {path}"
     if operation == "extra" and isinstance(target, dict):
         key = draw(FIELD_NAMES | ODD_TEXT)
-        target[key] = draw(VALUES)
+        target[key] = _fresh(draw(VALUES))
         return f"extra {path}[{key!r}]"
     if operation == "extra" and isinstance(target, list):
-        target.insert(draw(st.integers(0, len(target))), draw(VALUES))
+        target.insert(draw(st.integers(0, len(target))), _fresh(draw(VALUES)))
         return f"insert into {path}"
     if operation == "duplicate" and isinstance(target, list) and target:
         i = draw(st.integers(0, len(target) - 1))
@@ -234,7 +242,7 @@ def _mutate_once(draw: st.DrawFn, obj: dict[str, Any]) -> str:
     else:
         value = draw(VALUES)
     assert parent is not None
-    parent[path[-1]] = value
+    parent[path[-1]] = _fresh(value)
     return f"{operation} {path} = {value!r:.120}"
 
 
