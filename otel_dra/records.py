@@ -54,7 +54,7 @@ def fields(obj: Any) -> tuple[str, ...]:
 
 def replace(obj: _T, **changes: Any) -> _T:
     """A copy of record ``obj`` with ``changes`` (as ``dataclasses.replace``)."""
-    values = {name: getattr(obj, name) for name in fields(obj)}
+    values = asdict(obj)
     unknown = set(changes) - set(values)
     if unknown:
         raise TypeError(f"{type(obj).__qualname__} has no field(s) {', '.join(sorted(unknown))}")

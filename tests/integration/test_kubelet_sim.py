@@ -116,7 +116,7 @@ class Cluster:
         except AssertionError:
             # Say why (a CI run once timed out here, with nothing to go on): a plugin killed after
             # PluginProcess.stop's wait leaves its registration socket, which only its next start replaces.
-            sockets = sorted(p.name for p in (self.root / self.node / "plugins_registry").glob("*"))
+            sockets = sorted(p.name for p in watcher.registry_dir.glob("*"))
             raise AssertionError(
                 f"the emulator still has {self.driver} registered 30 s after the plugin stopped (exit code "
                 f"{self.plugin.process.returncode} after {stopped:.1f} s; registry: {sockets}); plugin log:\n"
