@@ -200,6 +200,17 @@ def test_device_health_reaches_the_pod_taints_the_slice_and_recovers(
     )
 
 
+def _new_kubelet_log(node: Node, offset: int) -> str:
+    """The log of the kubelet started after ``offset``: from its start banner on. The old kubelet's
+    last lines come before it, and they rightly include its own stream ending on shutdown ("Error
+    receiving from WatchResources stream ... context canceled"), which is not the new stream's error."""
+    with node.kubelet_log.open("rb") as log:
+        log.seek(offset)
+        text = log.read().decode(errors="replace")
+    start = text.find('"Kubelet version"')
+    return text[start:] if start >= 0 else ""
+
+
 def test_a_restarted_kubelet_watches_health_again(
     node_testbed: tuple[Testbed, Node], host_plugin: list[HostPlugin], tmp_path: Path
 ) -> None:
@@ -216,9 +227,7 @@ def test_a_restarted_kubelet_watches_health_again(
     restart_kubelet(testbed, node.name, progress=lambda _: None)
 
     def stream_again() -> bool:
-        with node.kubelet_log.open("rb") as log:
-            log.seek(offset)
-            return "Successfully started WatchResources health stream" in log.read().decode(errors="replace")
+        return "Successfully started WatchResources health stream" in _new_kubelet_log(node, offset)
 
     wait_until(stream_again, timeout=60, what="the restarted kubelet's health stream")
     _health_file(node, result["device"]).write_text("unhealthy: after the restart\n")
@@ -231,9 +240,7 @@ def test_a_restarted_kubelet_watches_health_again(
     wait_until(lambda: _device_health(client, "restart-a") == ("Healthy", ""), timeout=30, what="Healthy again")
     _delete_and_check_unprepared(client, node, "restart-a", _generated_claim(client, "restart-a"))
     plugin.kill()
-    with node.kubelet_log.open("rb") as log:
-        log.seek(offset)
-        kubelet_log = log.read().decode(errors="replace")
+    kubelet_log = _new_kubelet_log(node, offset)
     assert not _HEALTH_ERROR.findall(kubelet_log), "\n".join(
         line for line in kubelet_log.splitlines() if _HEALTH_ERROR.match(line)
     )

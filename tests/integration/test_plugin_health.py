@@ -57,7 +57,14 @@ def test_a_lost_gpu_is_tainted_and_the_plugin_carries_on(start, node, admin_clie
     app = start(node, device_source="nvml", nvml=fake, resync=3600)
     wait_until(lambda: own_slices(admin_client, node), what="the slice")
     b.lost = True
-    wait_until(lambda: _taints(admin_client, node) == {"gpu-1": [(KEY, "gpu-lost", "NoSchedule")]}, timeout=20)
+    # The publisher counts a write once the API server has answered it, so the taint can be seen
+    # there a moment before it is counted: wait for both (the first publish, then the taint's).
+    wait_until(
+        lambda: _taints(admin_client, node) == {"gpu-1": [(KEY, "gpu-lost", "NoSchedule")]}
+        and app.publisher.publishes == 2,
+        timeout=20,
+        what="gpu-1 tainted and the write counted",
+    )
     publishes = app.publisher.publishes
     app.publisher.trigger()  # rediscovery: nvmlDeviceGetMemoryInfo of gpu-1 fails
     time.sleep(1.5)
