@@ -60,8 +60,9 @@ def test_a_lost_gpu_is_tainted_and_the_plugin_carries_on(start, node, admin_clie
     # The publisher counts a write once the API server has answered it, so the taint can be seen
     # there a moment before it is counted: wait for both (the first publish, then the taint's).
     wait_until(
-        lambda: _taints(admin_client, node) == {"gpu-1": [(KEY, "gpu-lost", "NoSchedule")]}
-        and app.publisher.publishes == 2,
+        lambda: (
+            _taints(admin_client, node) == {"gpu-1": [(KEY, "gpu-lost", "NoSchedule")]} and app.publisher.publishes == 2
+        ),
         timeout=20,
         what="gpu-1 tainted and the write counted",
     )
