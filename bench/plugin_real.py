@@ -1,5 +1,6 @@
 """``python -m bench.plugin --kubelet real``: the example kubelet plugin driven by a real kubelet
-1.34 + containerd 2.x node (issue 12 item 6), side by side with the upstream Go example driver.
+(the testbed's Kubernetes version, OTEL_DRA_KUBERNETES_VERSION) + containerd 2.x node (issue 12
+item 6), side by side with the upstream Go example driver.
 
 A testbed control plane with one real node (``otel_dra.testbed.node``; the node lock
 ``/tmp/otel-dra-node.flock`` is taken first, the node always goes down at the end). Three driver
@@ -8,6 +9,9 @@ variants, in alternated back-to-back rounds so that each sees the same drift of 
 - ``off``: ``otel-dra plugin`` without an OTLP endpoint (nothing exported);
 - ``on``: ``otel-dra plugin`` exporting every span (sampler ``always_on``) over OTLP/HTTP to a
   sink process (``bench.sink``);
+- ``held``: as ``on``, but the batch processor holds every span until the plugin stops
+  (``OTEL_BSP_*``: no export while pods cycle), so ``on`` minus ``held`` is what the export
+  costs the calls it overlaps and ``held`` minus ``off`` the spans' own work;
 - ``go``: the upstream ``dra-example-kubeletplugin`` (sigs.k8s.io/dra-example-driver v0.4.0,
   built from the Go module proxy into the peer cache by
   :func:`otel_dra.testbed.build.build_upstream_driver`; bench only).
@@ -39,6 +43,7 @@ import contextlib
 import fcntl
 import json
 import os
+import random
 import re
 import shutil
 import ssl
@@ -64,7 +69,8 @@ NODE_LOCK = Path("/tmp/otel-dra-node.flock")
 BENCH_FLAG = Path("/tmp/bench-running")
 # Only the DRA client code at V(4): its two lines per call, not the rest of the kubelet's V(4) noise.
 KUBELET_VMODULE = "--vmodule=dra_plugin=4"
-VARIANTS = ("off", "on", "go")
+VARIANTS = ("off", "on", "held", "go")
+DEFAULT_VARIANTS = ("off", "on", "go")  # held: a diagnosis, asked for by name
 
 # klog's text header: severity, MMDD, time to the microsecond, thread id, file:line.
 _KLOG_CALL = re.compile(
@@ -273,11 +279,14 @@ class Bench:
         if variant == "go":
             return [str(self.upstream), *common], env
         env["PYTHONPATH"] = str(self.source)
-        if variant == "on":
+        if variant in ("on", "held"):
             env["OTEL_EXPORTER_OTLP_PROTOCOL"] = "http/protobuf"
             env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = f"http://127.0.0.1:{self.sink_port}/v1/traces"
             env["OTEL_TRACES_SAMPLER"] = "always_on"
             env["OTEL_SERVICE_NAME"] = "otel-dra-plugin"
+        if variant == "held":  # far more than a round's spans, and no timer within a round
+            env["OTEL_BSP_SCHEDULE_DELAY"] = str(3_600_000)
+            env["OTEL_BSP_MAX_QUEUE_SIZE"] = env["OTEL_BSP_MAX_EXPORT_BATCH_SIZE"] = str(1_000_000)
         return [self.python, "-m", "otel_dra", "plugin", *common], env
 
     def _clean(self) -> None:
@@ -374,7 +383,7 @@ class Bench:
             out.close()
         after = kubelet_metrics(self.node.layout.dir, self.kubelet_port)
         spans: dict[str, list[float]] = {}
-        if variant == "on":  # stopped: the last spans are flushed
+        if variant in ("on", "held"):  # stopped: the last spans are flushed
             with urllib.request.urlopen(f"http://127.0.0.1:{self.sink_port}/spans", timeout=10) as resp:
                 spans = json.loads(resp.read())
         with log.open("rb") as f:
@@ -396,6 +405,17 @@ class Bench:
             "spans": spans,
             "own": own,
         }
+
+
+def ratio_ci95(a: list[float], b: list[float], resamples: int = 2000) -> list[float]:
+    """A 95 % bootstrap interval of mean(a) / mean(b) - 1 (calls resampled with replacement): how
+    far a difference of means between two variants can be told from the calls' own spread."""
+    rng = random.Random(12)  # fixed: the same calls give the same interval
+    ratios = sorted(
+        statistics.fmean(rng.choices(a, k=len(a))) / statistics.fmean(rng.choices(b, k=len(b))) - 1
+        for _ in range(resamples)
+    )
+    return [round(ratios[int(0.025 * resamples)], 3), round(ratios[int(0.975 * resamples) - 1], 3)]
 
 
 def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -487,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         "the next, so that each call times the driver's path rather than the machine's queue "
         "behind 12 sandboxes starting on 2 cores)",
     )
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="of off,on,go")
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"of {','.join(VARIANTS)}")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--keep", type=Path, default=None, help="copy the kubelet and driver logs here")
     parser.add_argument(
@@ -511,7 +531,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from otel_dra.fixtures import create
     from otel_dra.testbed import find_binaries, running
-    from otel_dra.testbed.build import UPSTREAM_DRIVER_VERSION, build_upstream_driver
+    from otel_dra.testbed.build import (
+        CONTAINERD_VERSION,
+        UPSTREAM_DRIVER_VERSION,
+        build_upstream_driver,
+        kubernetes_release,
+    )
     from otel_dra.testbed.node import host_support, start_node
 
     problems = host_support().problems
@@ -563,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {
         "machine": machine(),
         "date": time.strftime("%Y-%m-%d"),
-        "kubelet": "real (testbed node: kubelet v1.34.4, containerd v2.4.2)",
+        "kubelet": f"real (testbed node: kubelet {kubernetes_release().version}, containerd {CONTAINERD_VERSION})",
         "upstream": f"sigs.k8s.io/dra-example-driver {UPSTREAM_DRIVER_VERSION} cmd/dra-example-kubeletplugin",
         "pods_per_round": args.pods,
         "pods_in_flight": args.parallel,
@@ -574,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         "plugin_kubeconfig": "JSON (read without yaml, as a pod's service account is)",
         "plugin_bytecode": "byte-compiled before the rounds, as pip install does in the image",
     }
-    names = {"off": "ours_tracing_off", "on": "ours_tracing_on", "go": "upstream_go"}
+    names = {"off": "ours_tracing_off", "on": "ours_tracing_on", "held": "ours_tracing_held", "go": "upstream_go"}
     for variant in variants:
         out[names[variant]] = summarize(rounds[variant])
     if "go" in variants:
@@ -584,9 +609,13 @@ def main(argv: list[str] | None = None) -> int:
             out[f"ratio_{names[variant]}_vs_upstream"] = {
                 k: round(ours[k] / go[k], 3) for k in RATIO_KEYS if go.get(k) and ours.get(k) is not None
             }
-    if "off" in variants and "on" in variants:
-        off, on = out["ours_tracing_off"], out["ours_tracing_on"]
-        out["tracing_overhead_prepare_mean"] = round(on["prepare_mean_ms"] / off["prepare_mean_ms"] - 1, 3)
+    for variant, key in (("on", "tracing_overhead_prepare_mean"), ("held", "tracing_held_overhead_prepare_mean")):
+        if "off" in variants and variant in variants:
+            off, traced = out["ours_tracing_off"], out[names[variant]]
+            out[key] = round(traced["prepare_mean_ms"] / off["prepare_mean_ms"] - 1, 3)
+            out[f"{key}_ci95"] = ratio_ci95(
+                [x for r in rounds[variant] for x in r["prepare_s"]], [x for r in rounds["off"] for x in r["prepare_s"]]
+            )
     print(json.dumps(out, indent=2))
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")

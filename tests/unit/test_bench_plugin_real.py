@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.plugin_real import histogram_sums, kubelet_dra_calls
+from bench.plugin_real import histogram_sums, kubelet_dra_calls, ratio_ci95
 
 A = "0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9"
 B = "11111111-2222-4333-8444-555555555555"
@@ -88,3 +88,13 @@ def test_histogram_sums_select_by_labels():
         4.0,
     )
     assert histogram_sums(text, "dra_grpc_operations_duration_seconds", driver_name="none") == (0.0, 0.0)
+
+
+def test_ratio_interval_brackets_the_ratio_of_means_and_tells_noise_from_a_difference():
+    base = [0.007 + 0.002 * ((i * 37) % 11) / 10 for i in range(60)]  # 7-9 ms, spread
+    slower = [x * 1.2 for x in base]
+    low, high = ratio_ci95(slower, base)
+    assert low < 0.2 < high and low > 0.1  # 20 % slower: inside, and told apart from no change
+    low, high = ratio_ci95(list(reversed(base)), base)
+    assert low < 0 < high  # the same calls in another order: no difference
+    assert ratio_ci95(slower, base) == ratio_ci95(slower, base)  # seeded: the same calls, the same interval
