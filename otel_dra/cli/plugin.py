@@ -183,6 +183,10 @@ class PluginApp:
     fatal: BaseException | None = None
     _stopped: bool = False
 
+    def flush_spans(self) -> None:
+        """Make the SDK spans of every call answered so far (tests read their exporter next)."""
+        self.driver.spans.flush()
+
     @property
     def metrics_port(self) -> int | None:
         return None if self.metrics_server is None else int(self.metrics_server.port)
@@ -210,6 +214,7 @@ class PluginApp:
                 log.error("could not delete this node's ResourceSlices: %s", exc)
         if self.metrics_server is not None:
             self.metrics_server.stop()
+        self.driver.spans.close()  # the spans of the last calls, before the provider flushes
         self.tracing.shutdown()
         self.metrics_pipeline.shutdown()
 
@@ -330,7 +335,6 @@ def start_plugin(
         publishers: list[SlicePublisher] = []
         server = PluginServer(
             driver,
-            tracing.tracer_provider,
             driver_name=driver_name,
             plugins_dir=plugins_dir,
             registrar_dir=registrar_dir,

@@ -25,8 +25,7 @@ from typing import Any, Literal, overload
 from urllib.parse import quote, urlsplit
 
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_dra import __version__
 from otel_dra.kube.client import ApiError, KubeClient
@@ -36,6 +35,7 @@ from otel_dra.plugin.config import DEFAULT, ConfigError, configs_by_request, dev
 from otel_dra.plugin.devices import Device
 from otel_dra.plugin.metrics import PluginMetrics
 from otel_dra.records import record
+from otel_dra.telemetry.spans import SpanHandle, SpanRecorder
 
 log = logging.getLogger(__name__)
 
@@ -151,10 +151,11 @@ class Driver:
         self.cdi = cdi
         self.checkpoint = checkpoint
         self.metrics = metrics
-        self.tracer = tracer_provider.get_tracer(TRACER_SCOPE, __version__)
+        # Spans are kept as data during the call and made by the recorder's worker after it
+        # (telemetry/spans.py: the SDK's span path costs a cold call about 0.2 ms a span).
+        self.spans = SpanRecorder(tracer_provider, TRACER_SCOPE, __version__)
         self._api_timeout = api_timeout
         self._clock = clock
-        self._propagator = TraceContextTextMapPropagator()
         self._stripes = [threading.Lock() for _ in range(_LOCK_STRIPES)]
         api = urlsplit(client.host)
         self._api_address = api.hostname or ""
@@ -167,18 +168,25 @@ class Driver:
             yield
 
     # --- the two operations --------------------------------------------------------------------
-    def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
-        return {ref.uid: self._one("prepare", ref, self._prepare_claim, self.metrics.prepared) for ref in claims}
+    def prepare(self, claims: Sequence[ClaimRef], parent: SpanHandle | None = None) -> dict[str, ClaimResult]:
+        """``parent``: the RPC's span, whose children the claims' spans are (else each is a root)."""
+        return {
+            ref.uid: self._one("prepare", ref, self._prepare_claim, self.metrics.prepared, parent) for ref in claims
+        }
 
-    def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
-        return {ref.uid: self._one("unprepare", ref, self._unprepare_claim, self.metrics.unprepared) for ref in claims}
+    def unprepare(self, claims: Sequence[ClaimRef], parent: SpanHandle | None = None) -> dict[str, ClaimResult]:
+        return {
+            ref.uid: self._one("unprepare", ref, self._unprepare_claim, self.metrics.unprepared, parent)
+            for ref in claims
+        }
 
     def _one(
         self,
         operation: str,
         ref: ClaimRef,
-        work: Callable[[ClaimRef, Span, _Stopwatch], tuple[PreparedDevice, ...]],
+        work: Callable[[ClaimRef, SpanHandle, _Stopwatch], tuple[PreparedDevice, ...]],
         record: Callable[[bool, float], None],
+        parent: SpanHandle | None,
     ) -> ClaimResult:
         watch = _Stopwatch(self._clock)
         attributes: dict[str, Any] = {
@@ -189,9 +197,13 @@ class Driver:
             POOL: self.pool_name,
         }
         # Exceptions are recorded here, by hand, so that the claim span gets the error type too.
-        with self.tracer.start_as_current_span(
-            f"{operation} claim", attributes=attributes, record_exception=False, set_status_on_exception=False
-        ) as span:
+        name = f"{operation} claim"
+        span = (
+            self.spans.start(name, attributes=attributes, record_exceptions=False)
+            if parent is None
+            else parent.child(name, attributes=attributes, record_exceptions=False)
+        )
+        with span:
             try:
                 devices = work(ref, span, watch)
             except Exception as exc:
@@ -223,7 +235,7 @@ class Driver:
         return result
 
     # --- prepare -------------------------------------------------------------------------------
-    def _prepare_claim(self, ref: ClaimRef, span: Span, watch: _Stopwatch) -> tuple[PreparedDevice, ...]:
+    def _prepare_claim(self, ref: ClaimRef, span: SpanHandle, watch: _Stopwatch) -> tuple[PreparedDevice, ...]:
         _validate(ref, full=True)
         with self._claim_lock(ref.uid):
             cached = self.checkpoint.get(ref.uid)
@@ -243,7 +255,7 @@ class Driver:
                         d.device_name: list(d.container_env) or device_env(ref.uid, d.device_name, False, DEFAULT)
                         for d in cached.devices
                     }
-                    self._write_cdi(ref, list(known.items()))
+                    self._write_cdi(ref, span, list(known.items()))
                 return cached.devices
             span.set_attribute(CACHED, False)
             # First from the API server's watch cache (resourceVersion=0: no etcd round trip, about
@@ -252,9 +264,9 @@ class Driver:
             # reserved its allocation cannot change; so a cached copy with this UID and an
             # allocation is the current allocation. A cache that lags (no such claim yet, another
             # UID, no allocation yet) costs a second, quorum read, whose answer then decides.
-            claim = self._read_claim(ref, cached=True)
+            claim = self._read_claim(ref, span, cached=True)
             if claim is None or not _allocated_as(ref, claim):
-                claim = self._read_claim(ref)
+                claim = self._read_claim(ref, span)
             span.set_attributes(consumer_pod_attributes(claim))
             # The duration histogram times the driver's own work, as upstream's does: there the
             # kubelet-plugin helper reads the claim before the driver (and its timer) gets it. The
@@ -279,7 +291,7 @@ class Driver:
             for r in results:
                 env = device_env(ref.uid, r["device"], admin, configs[r["request"]], r["consumed"])
                 edits.setdefault(r["device"], env)
-            self._write_cdi(ref, list(edits.items()))
+            self._write_cdi(ref, span, list(edits.items()))
             devices = tuple(
                 PreparedDevice(
                     request_names=(r["request"],),
@@ -290,7 +302,7 @@ class Driver:
                 )
                 for r in results
             )
-            with self.tracer.start_as_current_span("write checkpoint"):
+            with span.child("write checkpoint"):
                 try:
                     self.checkpoint.put(ref.uid, PreparedClaim(ref.namespace, ref.name, devices))
                 except OSError as exc:
@@ -298,11 +310,13 @@ class Driver:
             return devices
 
     @overload
-    def _read_claim(self, ref: ClaimRef, *, cached: Literal[False] = False) -> Mapping[str, Any]: ...
+    def _read_claim(
+        self, ref: ClaimRef, parent: SpanHandle, *, cached: Literal[False] = False
+    ) -> Mapping[str, Any]: ...
     @overload
-    def _read_claim(self, ref: ClaimRef, *, cached: bool) -> Mapping[str, Any] | None: ...
+    def _read_claim(self, ref: ClaimRef, parent: SpanHandle, *, cached: bool) -> Mapping[str, Any] | None: ...
 
-    def _read_claim(self, ref: ClaimRef, *, cached: bool = False) -> Mapping[str, Any] | None:
+    def _read_claim(self, ref: ClaimRef, parent: SpanHandle, *, cached: bool = False) -> Mapping[str, Any] | None:
         """The claim from the API server; ``cached``: from its watch cache, None if not there."""
         path = f"/apis/resource.k8s.io/v1/namespaces/{quote(ref.namespace)}/resourceclaims/{quote(ref.name)}"
         query = {"resourceVersion": "0"} if cached else None
@@ -314,11 +328,9 @@ class Driver:
             SERVER_PORT: self._api_port,
             K8S_NAMESPACE: ref.namespace,
         }
-        with self.tracer.start_as_current_span(
-            f"GET {CLAIM_URL_TEMPLATE}", kind=SpanKind.CLIENT, attributes=attributes
-        ) as span:
+        with parent.child(f"GET {CLAIM_URL_TEMPLATE}", kind=SpanKind.CLIENT, attributes=attributes) as span:
             headers: dict[str, str] = {}
-            self._propagator.inject(headers)  # the API server joins the trace when it traces
+            span.inject(headers)  # the API server joins the trace when it traces
             try:
                 claim = self.client.get_json(path, query, headers=headers, timeout=self._api_timeout)
             except ApiError as exc:
@@ -384,28 +396,28 @@ class Driver:
                 raise ClaimError("UnknownDevice", f"device {r['device']} is not published by this node")
         return ours
 
-    def _write_cdi(self, ref: ClaimRef, devices: list[tuple[str, list[str]]]) -> None:
+    def _write_cdi(self, ref: ClaimRef, parent: SpanHandle, devices: list[tuple[str, list[str]]]) -> None:
         path = self.cdi.claim_spec_path(ref.uid)
-        with self.tracer.start_as_current_span("write CDI spec", attributes={CDI_SPEC: str(path)}):
+        with parent.child("write CDI spec", attributes={CDI_SPEC: str(path)}):
             try:
                 self.cdi.write_claim(ref.uid, devices)
             except OSError as exc:
                 raise ClaimError("CDIWriteFailed", f"cannot write CDI spec {path}: {exc}") from exc
 
     # --- unprepare -----------------------------------------------------------------------------
-    def _unprepare_claim(self, ref: ClaimRef, span: Span, watch: _Stopwatch) -> tuple[PreparedDevice, ...]:
+    def _unprepare_claim(self, ref: ClaimRef, span: SpanHandle, watch: _Stopwatch) -> tuple[PreparedDevice, ...]:
         _validate(ref, full=False)
         with self._claim_lock(ref.uid):
             entry = self.checkpoint.get(ref.uid)
             path = self.cdi.claim_spec_path(ref.uid)
-            with self.tracer.start_as_current_span("remove CDI spec", attributes={CDI_SPEC: str(path)}):
+            with span.child("remove CDI spec", attributes={CDI_SPEC: str(path)}):
                 try:
                     self.cdi.remove_claim(ref.uid)
                 except OSError as exc:
                     raise ClaimError("CDIRemoveFailed", f"cannot remove CDI spec {path}: {exc}") from exc
             if entry is None:
                 return ()  # never prepared here, or already unprepared: nothing left to do
-            with self.tracer.start_as_current_span("write checkpoint"):
+            with span.child("write checkpoint"):
                 try:
                     self.checkpoint.remove(ref.uid)
                 except OSError as exc:

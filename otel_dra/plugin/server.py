@@ -26,11 +26,9 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from otel_dra import __version__
 from otel_dra._generated.dra.v1 import api_pb2 as dra_v1
 from otel_dra._generated.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from otel_dra._generated.dra.v1beta1 import api_pb2 as dra_v1beta1
@@ -41,8 +39,9 @@ from otel_dra._generated.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from otel_dra._generated.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from otel_dra._generated.pluginregistration import api_pb2 as reg_pb2
 from otel_dra._generated.pluginregistration import api_pb2_grpc as reg_grpc
-from otel_dra.plugin.driver import ERROR_TYPE, TRACER_SCOPE, ClaimRef, ClaimResult, Driver
+from otel_dra.plugin.driver import ERROR_TYPE, ClaimRef, ClaimResult, Driver
 from otel_dra.plugin.health import HEALTH_SERVICES, HealthStreams
+from otel_dra.telemetry.spans import SpanHandle
 
 log = logging.getLogger(__name__)
 
@@ -136,16 +135,15 @@ def _claim_refs(request: Any) -> list[ClaimRef]:
 class _DraServicer:
     """NodePrepareResources/NodeUnprepareResources of one API version, each RPC one SERVER span."""
 
-    def __init__(self, pb2: ModuleType, driver: Driver, tracer: trace.Tracer) -> None:
+    def __init__(self, pb2: ModuleType, driver: Driver) -> None:
         self.pb2 = pb2
         self.service = pb2.DESCRIPTOR.services_by_name["DRAPlugin"].full_name
         self.driver = driver
-        self.tracer = tracer
         self._propagator = TraceContextTextMapPropagator()
         self._old_attributes = old_rpc_attributes()
 
     @contextlib.contextmanager
-    def _rpc_span(self, method: str, claims: int, context: grpc.ServicerContext) -> Iterator[Span | None]:
+    def _rpc_span(self, method: str, claims: int, context: grpc.ServicerContext) -> Iterator[SpanHandle | None]:
         if claims == 0:
             # Health probes call with no claims every few seconds; a trace of nothing is noise.
             yield None
@@ -162,7 +160,7 @@ class _DraServicer:
         operation = "prepare" if method == "NodePrepareResources" else "unprepare"
         with (
             self.driver.metrics.in_flight(operation),
-            self.tracer.start_as_current_span(
+            self.driver.spans.start(
                 f"{self.service}/{method}", context=parent, kind=SpanKind.SERVER, attributes=attributes
             ) as span,
         ):
@@ -174,12 +172,12 @@ class _DraServicer:
                 raise
             self._status(span, grpc.StatusCode.OK)
 
-    def _status(self, span: Span, code: grpc.StatusCode) -> None:
+    def _status(self, span: SpanHandle, code: grpc.StatusCode) -> None:
         span.set_attribute(RPC_RESPONSE_STATUS, code.name)  # "OK", "UNKNOWN": the string form
         if self._old_attributes:
             span.set_attribute(RPC_GRPC_STATUS, code.value[0])
 
-    def _errors(self, span: Span | None, results: dict[str, ClaimResult]) -> None:
+    def _errors(self, span: SpanHandle | None, results: dict[str, ClaimResult]) -> None:
         if span is not None:
             failed = sum(1 for r in results.values() if not r.ok)
             span.set_attribute(CLAIM_ERRORS, failed)
@@ -187,7 +185,7 @@ class _DraServicer:
     def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
         refs = _claim_refs(request)
         with self._rpc_span("NodePrepareResources", len(refs), context) as span:
-            results = self.driver.prepare(refs)
+            results = self.driver.prepare(refs, span)
             self._errors(span, results)
         response = self.pb2.NodePrepareResourcesResponse()
         for uid, result in results.items():
@@ -207,7 +205,7 @@ class _DraServicer:
     def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
         refs = _claim_refs(request)
         with self._rpc_span("NodeUnprepareResources", len(refs), context) as span:
-            results = self.driver.unprepare(refs)
+            results = self.driver.unprepare(refs, span)
             self._errors(span, results)
         response = self.pb2.NodeUnprepareResourcesResponse()
         for uid, result in results.items():
@@ -258,7 +256,6 @@ class PluginServer:
     def __init__(
         self,
         driver: Driver,
-        tracer_provider: trace.TracerProvider,
         *,
         driver_name: str,
         plugins_dir: Path,
@@ -282,7 +279,6 @@ class PluginServer:
         check_socket_path(self.dra_socket, "--kubelet-plugins-directory-path")
         check_socket_path(self.registration_socket, "--kubelet-registrar-directory-path")
         self._lock = SocketLock(self.plugin_dir / "plugin.lock")
-        self._tracer = tracer_provider.get_tracer(TRACER_SCOPE, __version__)
         self._max_workers = max_workers
         self._dra_server: _GrpcServer | None = None
         self._reg_server: _GrpcServer | None = None
@@ -323,10 +319,8 @@ class PluginServer:
             # prepare/unprepare always have max_workers.
             spare = self.health.max_streams + 1 if self.health is not None else 0
             dra = _GrpcServer(self._max_workers + spare, "dra-grpc")
-            dra_v1_grpc.add_DRAPluginServicer_to_server(_DraServicer(dra_v1, self.driver, self._tracer), dra.server)
-            dra_v1beta1_grpc.add_DRAPluginServicer_to_server(
-                _DraServicer(dra_v1beta1, self.driver, self._tracer), dra.server
-            )
+            dra_v1_grpc.add_DRAPluginServicer_to_server(_DraServicer(dra_v1, self.driver), dra.server)
+            dra_v1beta1_grpc.add_DRAPluginServicer_to_server(_DraServicer(dra_v1beta1, self.driver), dra.server)
             if self.health is not None:
                 health_v1_grpc.add_DRAResourceHealthServicer_to_server(self.health.servicer(health_v1), dra.server)
                 health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(

@@ -122,7 +122,7 @@ def plugin() -> Iterator[Plugin]:
         tracer_provider=tracing,
     )
     server = PluginServer(
-        driver, tracing, driver_name=DRIVER, plugins_dir=root / "plugins", registrar_dir=root / "registry"
+        driver, driver_name=DRIVER, plugins_dir=root / "plugins", registrar_dir=root / "registry"
     ).start()
     channel = grpc.insecure_channel(f"unix://{server.dra_socket}")
     try:
@@ -130,6 +130,7 @@ def plugin() -> Iterator[Plugin]:
     finally:
         channel.close()
         server.stop(grace=1)
+        driver.spans.close()
         tracing.shutdown()
         meters.shutdown()
         shutil.rmtree(root, ignore_errors=True)

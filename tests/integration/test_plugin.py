@@ -109,6 +109,7 @@ def kubelet(dirs) -> Iterator[Kubelet]:
 
 
 def _spans(app: PluginApp) -> list[ReadableSpan]:
+    app.flush_spans()  # spans are made after the call (telemetry/spans.py)
     return list(app.spans.get_finished_spans())  # type: ignore[attr-defined]
 
 

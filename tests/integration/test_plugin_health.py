@@ -136,6 +136,7 @@ def test_rpc_span_semconv_and_the_claims_pods(start, kubelet, node, namespace, a
     two = _reserved_claim(admin_client, namespace, f"two-{node}", node, [("a", "uid-a"), ("b", "uid-b")])
     response = kubelet.prepare([ref(one), ref(two)])
     assert all(c.error == "" for c in response.claims.values())
+    app.flush_spans()
     spans = list(app.spans.get_finished_spans())
     (rpc,) = [s for s in spans if s.kind == SpanKind.SERVER]
     expected = {

@@ -49,14 +49,11 @@ class Served:
     """A PluginServer with health streams, on real sockets; ``watch`` opens a kubelet-like stream."""
 
     def __init__(self, dir: Path, state: HealthState, **streams: object) -> None:
-        from opentelemetry.trace import NoOpTracerProvider
-
         from tests.unit.test_plugin_parts import _driver
 
         self.streams = HealthStreams(state, POOL, **streams)  # type: ignore[arg-type]
         self.server = PluginServer(
             _driver(dir),
-            NoOpTracerProvider(),
             driver_name="gpu.example.com",
             plugins_dir=dir / "plugins",
             registrar_dir=dir / "registry",

@@ -1,0 +1,374 @@
+"""Spans that cost the traced call almost nothing: kept as plain data while the call runs, and made
+into SDK spans by one worker thread once the call's root span has ended.
+
+Why: the OpenTelemetry SDK's span path is cheap when warm (10-15 µs a span) but a call that comes
+after a quiet spell finds its code and objects out of the CPU caches, and then the first span alone
+costs about 0.2 ms (measured: docs/benchmarks.md, "Tracing off the call's path"). A kubelet calls
+the plugin seconds apart, so every prepare paid that, five spans of it, inside the time the kubelet
+waits. Here the call only reads the clock and fills dicts; the worker then starts and ends each SDK
+span with the recorded times, names, kinds, attributes, events and status, so what is exported is
+what the SDK would have made on the call's own thread.
+
+Ids: a span whose context leaves the process during the call (the ``traceparent`` of an API
+request) gets its trace and span id at that moment, and the worker hands them to the SDK through
+this recorder's id generator, so the exported span has exactly the ids that were propagated. The
+sampling decision for such a header is the sampler's, asked then with the same arguments the SDK
+asks it later (deterministic for every sampler ``OTEL_TRACES_SAMPLER`` can name).
+
+Nothing here knows what is traced. A provider that is not the SDK's (tracing off) gives a recorder
+whose spans are one shared object that does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+from opentelemetry import context as context_api
+from opentelemetry import trace
+from opentelemetry.sdk.trace import Tracer as SdkTracer
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.sampling import Decision
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+log = logging.getLogger(__name__)
+
+# Traces waiting for the worker. Beyond this (a worker starved for minutes) the oldest are dropped
+# and counted, as the SDK's batch processor drops spans when its queue is full.
+MAX_PENDING_TRACES = 2048
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+class _PresetIds(IdGenerator):
+    """The tracer's id generator, except that the worker can say which ids the next span gets."""
+
+    def __init__(self, inner: IdGenerator) -> None:
+        self.inner = inner
+        self.trace_id: int | None = None
+        self.span_id: int | None = None
+
+    def generate_span_id(self) -> int:
+        preset, self.span_id = self.span_id, None
+        return preset if preset is not None else self.inner.generate_span_id()
+
+    def generate_trace_id(self) -> int:
+        preset, self.trace_id = self.trace_id, None
+        return preset if preset is not None else self.inner.generate_trace_id()
+
+    def is_trace_id_random(self) -> bool:
+        return self.inner.is_trace_id_random()
+
+
+class RecordedSpan:
+    """One span while its call runs: the SDK span's methods that the call needs, on plain data."""
+
+    __slots__ = (
+        "_recorder",
+        "_root",
+        "_trace",
+        "attributes",
+        "end_ns",
+        "events",
+        "flags",
+        "kind",
+        "name",
+        "parent",
+        "parent_context",
+        "record_exceptions",
+        "span_id",
+        "start_ns",
+        "status",
+        "trace_id",
+        "trace_state",
+    )
+
+    def __init__(
+        self,
+        recorder: SpanRecorder,
+        name: str,
+        kind: SpanKind,
+        attributes: dict[str, Any],
+        parent: RecordedSpan | None,
+        parent_context: context_api.Context | None,
+        record_exceptions: bool,
+    ) -> None:
+        self._recorder = recorder
+        self.name = name
+        self.kind = kind
+        self.attributes = attributes
+        self.parent = parent
+        self.parent_context = parent_context  # a root's (remote) parent, as extracted from the caller
+        self.record_exceptions = record_exceptions
+        self.events: list[tuple[str, dict[str, Any], int]] = []
+        self.status: Status | None = None
+        self.span_id: int | None = None  # reserved only when the span's context is propagated
+        self.trace_id: int | None = None  # the same, for a root without a valid remote parent
+        self.flags: TraceFlags | None = None  # a root's, once decided (only when propagated)
+        self.trace_state: Any = None
+        self.end_ns: int | None = None
+        if parent is None:
+            self._root = self
+            self._trace: list[RecordedSpan] = [self]
+        else:
+            self._root = parent._root
+            self._trace = parent._trace
+            self._trace.append(self)
+        self.start_ns = time.time_ns()
+
+    # --- what the call uses ------------------------------------------------------------------
+    def child(
+        self,
+        name: str,
+        *,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Mapping[str, Any] | None = None,
+        record_exceptions: bool = True,
+    ) -> RecordedSpan:
+        return RecordedSpan(self._recorder, name, kind, dict(attributes or {}), self, None, record_exceptions)
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        self.attributes[key] = value
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        self.attributes.update(attributes)
+
+    def set_status(self, status: Status) -> None:
+        self.status = status
+
+    def record_exception(self, exception: BaseException) -> None:
+        """As the SDK's ``Span.record_exception``, with the stack trace taken now: the exception's
+        traceback grows while it propagates, and the SDK formats it where it is recorded."""
+        module = type(exception).__module__
+        qualname = type(exception).__qualname__
+        attributes = {
+            "exception.type": f"{module}.{qualname}" if module and module != "builtins" else qualname,
+            "exception.message": str(exception),
+            "exception.stacktrace": "".join(traceback.format_exception(exception)),
+            "exception.escaped": "False",
+        }
+        self.events.append(("exception", attributes, time.time_ns()))
+
+    def inject(self, carrier: MutableMapping[str, str]) -> None:
+        """Write this span's ``traceparent`` (and ``tracestate``) into ``carrier``."""
+        root = self._root
+        recorder = self._recorder
+        assert recorder._ids is not None  # a RecordedSpan exists only with an SDK tracer
+        if root.flags is None:
+            recorder._decide(root)
+        if self.span_id is None:
+            self.span_id = recorder._ids.inner.generate_span_id()
+        trace_id = root.trace_id if root.trace_id is not None else root.remote_parent().trace_id
+        context = SpanContext(trace_id, self.span_id, False, root.flags, root.trace_state)
+        _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(NonRecordingSpan(context)))
+
+    def end(self) -> None:
+        if self.end_ns is not None:
+            return
+        self.end_ns = time.time_ns()
+        if self._root is self:
+            self._recorder._submit(self._trace)
+
+    def __enter__(self) -> RecordedSpan:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        # As the SDK's use_span: an Exception (not a BaseException such as GeneratorExit) is recorded
+        # and sets the status, unless the span was started with record_exceptions=False.
+        if isinstance(exc, Exception) and self.record_exceptions:
+            self.record_exception(exc)
+            self.status = Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}")
+        self.end()
+
+    # --- for the recorder ---------------------------------------------------------------------
+    def remote_parent(self) -> SpanContext:
+        return trace.get_current_span(self.parent_context).get_span_context()
+
+
+class _NoSpan:
+    """Every span of a recorder without an SDK tracer (tracing off): does nothing, costs a call."""
+
+    __slots__ = ()
+
+    def child(
+        self,
+        name: str,
+        *,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Mapping[str, Any] | None = None,
+        record_exceptions: bool = True,
+    ) -> _NoSpan:
+        return self
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        pass
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        pass
+
+    def set_status(self, status: Status) -> None:
+        pass
+
+    def record_exception(self, exception: BaseException) -> None:
+        pass
+
+    def inject(self, carrier: MutableMapping[str, str]) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+    def __enter__(self) -> _NoSpan:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        pass
+
+
+_NO_SPAN = _NoSpan()
+
+# What traced code holds: a recorded span, or the one that does nothing.
+SpanHandle = RecordedSpan | _NoSpan
+
+
+class SpanRecorder:
+    """Starts root spans for calls; their SDK spans are made on a worker thread (see module doc).
+
+    ``flush`` makes the spans of every trace ended so far (tests, before reading an exporter);
+    ``close`` does that and stops the worker, and must come before the provider's shutdown."""
+
+    def __init__(self, tracer_provider: trace.TracerProvider, scope: str, version: str) -> None:
+        tracer = tracer_provider.get_tracer(scope, version)
+        self.enabled = isinstance(tracer, SdkTracer)
+        self._tracer = tracer
+        self._ids: _PresetIds | None = None
+        if isinstance(tracer, SdkTracer):
+            # Only this recorder's tracer gets the preset ids (get_tracer makes a new Tracer each time).
+            self._ids = tracer.id_generator = _PresetIds(tracer.id_generator)
+        self._queue: deque[list[RecordedSpan]] = deque()
+        self._lock = threading.Lock()  # one trace made at a time: the preset ids are one slot
+        self._wake = threading.Event()
+        self._start_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.dropped = 0  # traces dropped because the worker fell MAX_PENDING_TRACES behind
+
+    def start(
+        self,
+        name: str,
+        *,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Mapping[str, Any] | None = None,
+        context: context_api.Context | None = None,
+        record_exceptions: bool = True,
+    ) -> SpanHandle:
+        """A root span; ``context``: the caller's, with its remote parent if it sent one."""
+        if not self.enabled:
+            return _NO_SPAN
+        return RecordedSpan(self, name, kind, dict(attributes or {}), None, context, record_exceptions)
+
+    def flush(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    return
+                self._make(self._queue.popleft())
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.flush()
+
+    # --- the worker ------------------------------------------------------------------------------
+    def _submit(self, spans: list[RecordedSpan]) -> None:
+        if self._closed:
+            with self._lock:
+                self._make(spans)  # after close (a call still finishing at shutdown): made at once
+            return
+        if len(self._queue) >= MAX_PENDING_TRACES:
+            with contextlib.suppress(IndexError):  # the worker took it meanwhile
+                self._queue.popleft()
+            self.dropped += 1
+            if self.dropped == 1:
+                log.warning(
+                    "span worker %d traces behind: dropping the oldest (counted in dropped)", MAX_PENDING_TRACES
+                )
+        self._queue.append(spans)
+        if self._thread is None:
+            with self._start_lock:  # two calls ending at once start one worker
+                if self._thread is None:
+                    # Started by the first trace, not at start-up: a plugin nobody calls pays nothing.
+                    self._thread = threading.Thread(target=self._work, name="otel-dra-spans", daemon=True)
+                    self._thread.start()
+        self._wake.set()
+
+    def _work(self) -> None:
+        while not self._closed:
+            self._wake.wait()
+            self._wake.clear()
+            self.flush()
+
+    def _decide(self, root: RecordedSpan) -> None:
+        """A root's trace id and flags as ``Tracer.start_span`` will make them: its sampler asked
+        with the same arguments; the random-trace-id flag from the id generator or the parent."""
+        assert isinstance(self._tracer, SdkTracer) and self._ids is not None
+        parent = root.remote_parent()
+        if parent.is_valid:
+            trace_id, random_id = parent.trace_id, parent.trace_flags.random_trace_id
+        else:
+            trace_id = root.trace_id = self._ids.inner.generate_trace_id()
+            random_id = self._ids.inner.is_trace_id_random()
+        result = self._tracer.sampler.should_sample(
+            root.parent_context, trace_id, root.name, root.kind, root.attributes
+        )
+        flags = TraceFlags.SAMPLED if result.decision is Decision.RECORD_AND_SAMPLE else TraceFlags.DEFAULT
+        root.flags = TraceFlags(flags | TraceFlags.RANDOM_TRACE_ID if random_id else flags)
+        root.trace_state = result.trace_state
+
+    def _make(self, spans: list[RecordedSpan]) -> None:
+        """Start and end the SDK span of each recorded one (caller holds ``_lock``)."""
+        made: dict[RecordedSpan, trace.Span] = {}
+        try:
+            for s in spans:
+                if s.end_ns is None:
+                    continue  # never ended: as with the SDK, not exported (nor its children)
+                assert self._ids is not None
+                if s.parent is None:
+                    context = s.parent_context
+                    self._ids.trace_id = s.trace_id
+                else:
+                    parent = made.get(s.parent)
+                    if parent is None:
+                        continue
+                    context = trace.set_span_in_context(parent)
+                self._ids.span_id = s.span_id
+                span = self._tracer.start_span(
+                    s.name,
+                    context=context,
+                    kind=s.kind,
+                    attributes=s.attributes,
+                    start_time=s.start_ns,
+                    record_exception=False,
+                    set_status_on_exception=False,
+                )
+                self._ids.trace_id = self._ids.span_id = None
+                for name, attributes, timestamp in s.events:
+                    span.add_event(name, attributes, timestamp)
+                if s.status is not None:
+                    span.set_status(s.status)
+                made[s] = span
+            for s, span in made.items():
+                span.end(end_time=s.end_ns)
+        except Exception:  # a bug here must not stop the worker: the next traces still go out
+            if self._ids is not None:
+                self._ids.trace_id = self._ids.span_id = None
+            log.exception("could not make the spans of a trace")

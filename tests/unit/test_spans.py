@@ -1,0 +1,196 @@
+"""telemetry.spans: spans kept as data during a call and made by the SDK after it must be the
+spans the SDK makes when called directly, with the ids that were propagated."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.trace import NoOpTracerProvider, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from otel_dra.telemetry.spans import SpanRecorder
+from tests.helpers import wait_until
+
+PROPAGATOR = TraceContextTextMapPropagator()
+PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def _provider(**kwargs: Any) -> tuple[TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(**kwargs)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+@pytest.fixture
+def recorders() -> Iterator[Callable[[TracerProvider], SpanRecorder]]:
+    made: list[SpanRecorder] = []
+
+    def make(provider: TracerProvider) -> SpanRecorder:
+        made.append(SpanRecorder(provider, "t", "1"))
+        return made[-1]
+
+    yield make
+    for recorder in made:
+        recorder.close()
+
+
+def _call_with_the_sdk(provider: TracerProvider, headers: dict[str, str]) -> None:
+    """What the plugin did before: a SERVER span, a child whose context is injected, a child that
+    fails with an exception, attributes set along the way."""
+    tracer = provider.get_tracer("t", "1")
+    parent = PROPAGATOR.extract({"traceparent": PARENT})
+    with tracer.start_as_current_span("rpc", context=parent, kind=SpanKind.SERVER, attributes={"a": 1}) as rpc:
+        with tracer.start_as_current_span("GET", kind=SpanKind.CLIENT, attributes={"url": "u"}) as get:
+            PROPAGATOR.inject(headers)
+            get.set_attribute("status", 200)
+        with pytest.raises(OSError), tracer.start_as_current_span("write", attributes={"path": "/p"}):
+            raise OSError("disk full")
+        rpc.set_attributes({"devices": ["gpu-0", "gpu-1"], "ok": False})
+        rpc.set_status(Status(StatusCode.ERROR, "one claim failed"))
+
+
+def _call_recorded(recorder: SpanRecorder, headers: dict[str, str]) -> None:
+    parent = PROPAGATOR.extract({"traceparent": PARENT})
+    with recorder.start("rpc", context=parent, kind=SpanKind.SERVER, attributes={"a": 1}) as rpc:
+        with rpc.child("GET", kind=SpanKind.CLIENT, attributes={"url": "u"}) as get:
+            get.inject(headers)
+            get.set_attribute("status", 200)
+        with pytest.raises(OSError), rpc.child("write", attributes={"path": "/p"}):
+            raise OSError("disk full")
+        rpc.set_attributes({"devices": ["gpu-0", "gpu-1"], "ok": False})
+        rpc.set_status(Status(StatusCode.ERROR, "one claim failed"))
+
+
+def _shape(spans: tuple[ReadableSpan, ...]) -> list[tuple[Any, ...]]:
+    """Everything but ids, times and the stack trace's line numbers."""
+    by_id = {s.context.span_id: s.name for s in spans}
+    out = []
+    for s in sorted(spans, key=lambda s: s.name):
+        events = [
+            (e.name, {k: v for k, v in (e.attributes or {}).items() if k != "exception.stacktrace"}) for e in s.events
+        ]
+        parent = by_id.get(s.parent.span_id, "remote") if s.parent is not None else None
+        out.append(
+            (s.name, s.kind, dict(s.attributes or {}), s.status.status_code, s.status.description, events, parent)
+        )
+    return out
+
+
+def test_recorded_spans_are_the_spans_the_sdk_makes(recorders):
+    live_provider, live = _provider()
+    _call_with_the_sdk(live_provider, {})
+    provider, exporter = _provider()
+    recorder = recorders(provider)
+    _call_recorded(recorder, {})
+    recorder.flush()
+    got, want = exporter.get_finished_spans(), live.get_finished_spans()
+    assert _shape(got) == _shape(want)
+    assert {s.instrumentation_scope.name for s in got} == {"t"}
+    assert all(s.context.trace_id == int(PARENT.split("-")[1], 16) for s in got)
+    (write,) = [s for s in got if s.name == "write"]
+    (event,) = write.events
+    assert 'raise OSError("disk full")' in str(event.attributes["exception.stacktrace"])
+    for s in got:  # the times the call took, not when the worker ran
+        assert s.start_time is not None and s.end_time is not None and s.start_time <= s.end_time
+    (rpc,) = [s for s in got if s.name == "rpc"]
+    assert all(rpc.start_time <= s.start_time and s.end_time <= rpc.end_time for s in got)  # type: ignore[operator]
+
+
+def test_the_propagated_context_is_the_exported_spans(recorders):
+    provider, exporter = _provider()
+    recorder = recorders(provider)
+    headers: dict[str, str] = {}
+    _call_recorded(recorder, headers)
+    recorder.flush()
+    (get,) = [s for s in exporter.get_finished_spans() if s.name == "GET"]
+    sent = trace.get_current_span(PROPAGATOR.extract(headers)).get_span_context()
+    assert (sent.trace_id, sent.span_id) == (get.context.trace_id, get.context.span_id)
+    assert sent.trace_flags == get.context.trace_flags and sent.trace_flags.sampled
+
+
+def test_a_root_of_its_own_propagates_the_trace_id_it_is_exported_with(recorders):
+    provider, exporter = _provider()
+    recorder = recorders(provider)
+    headers: dict[str, str] = {}
+    with recorder.start("claim") as claim, claim.child("GET", kind=SpanKind.CLIENT) as get:
+        get.inject(headers)
+    recorder.flush()
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert spans["claim"].parent is None
+    sent = trace.get_current_span(PROPAGATOR.extract(headers)).get_span_context()
+    assert (sent.trace_id, sent.span_id) == (spans["GET"].context.trace_id, spans["GET"].context.span_id)
+    assert sent.trace_flags == spans["GET"].context.trace_flags  # sampled, and the random-trace-id flag
+
+
+def test_an_unsampled_trace_says_so_and_exports_nothing(recorders):
+    provider, exporter = _provider(sampler=ALWAYS_OFF)
+    recorder = recorders(provider)
+    headers: dict[str, str] = {}
+    with recorder.start("claim") as claim, claim.child("GET") as get:
+        get.inject(headers)
+    recorder.flush()
+    assert headers["traceparent"].endswith("-00") or headers["traceparent"].endswith("-02")
+    assert exporter.get_finished_spans() == ()
+
+
+def test_without_an_sdk_tracer_nothing_is_recorded_or_sent():
+    recorder = SpanRecorder(NoOpTracerProvider(), "t", "1")
+    assert not recorder.enabled
+    headers: dict[str, str] = {}
+    with recorder.start("rpc") as rpc, rpc.child("GET") as get:
+        get.inject(headers)
+        get.set_attribute("a", 1)
+    assert headers == {}
+    recorder.close()
+
+
+def test_the_worker_makes_the_spans_without_a_flush_and_close_drains(recorders):
+    provider, exporter = _provider()
+    recorder = recorders(provider)
+    with recorder.start("first"):
+        pass
+    wait_until(lambda: len(exporter.get_finished_spans()) == 1, timeout=5, what="the worker's span")
+    recorder.close()
+    with recorder.start("after close"):  # a call finishing during shutdown: made at once
+        pass
+    assert [s.name for s in exporter.get_finished_spans()] == ["first", "after close"]
+
+
+def test_a_span_never_ended_is_not_exported_nor_its_children(recorders):
+    provider, exporter = _provider()
+    recorder = recorders(provider)
+    root = recorder.start("root")
+    forgotten = root.child("forgotten")
+    with forgotten.child("under it"):
+        pass
+    with root.child("ended"):
+        pass
+    root.end()
+    recorder.flush()
+    assert sorted(s.name for s in exporter.get_finished_spans()) == ["ended", "root"]
+
+
+def test_no_sdk_span_is_made_on_the_calling_thread(recorders):
+    """The point of the recorder: the SDK's span work happens on its worker, not in the call."""
+    threads: list[int] = []
+
+    class Where(SpanProcessor):
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            threads.append(threading.get_ident())
+
+    provider, exporter = _provider()
+    provider.add_span_processor(Where())
+    recorder = recorders(provider)
+    _call_recorded(recorder, {})
+    wait_until(lambda: len(exporter.get_finished_spans()) == 3, timeout=5, what="the worker's spans")
+    assert len(threads) == 3 and threading.get_ident() not in threads
+    recorder.close()
