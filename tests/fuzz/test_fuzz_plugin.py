@@ -11,6 +11,7 @@ request after each example succeeds.
 
 from __future__ import annotations
 
+import random
 import re
 import shutil
 import tempfile
@@ -26,6 +27,7 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 
 from otel_dra._generated.dra.v1 import api_pb2 as dra_v1
 from otel_dra._generated.dra.v1 import api_pb2_grpc as dra_v1_grpc
@@ -104,10 +106,25 @@ class Plugin:
     v1beta1: Any
 
 
+class _OwnRandomIds(IdGenerator):
+    """Span ids from a Random of their own: the plugin's spans are made on a worker thread, which
+    with the SDK's default ids (the global ``random``) would change the global random state while
+    Hypothesis draws, and Hypothesis warns that examples are then not reproducible."""
+
+    def __init__(self) -> None:
+        self._random = random.Random(7)
+
+    def generate_span_id(self) -> int:
+        return self._random.getrandbits(64) or 1
+
+    def generate_trace_id(self) -> int:
+        return self._random.getrandbits(128) or 1
+
+
 @pytest.fixture(scope="module")
 def plugin() -> Iterator[Plugin]:
     root = Path(tempfile.mkdtemp(prefix="fz", dir="/tmp"))  # short: unix socket paths are <= 107 bytes
-    tracing = TracerProvider()
+    tracing = TracerProvider(id_generator=_OwnRandomIds())
     meters = MeterProvider(shutdown_on_exit=False)
     cdi = CdiWriter(root / "cdi", DRIVER, NODE)
     cdi.write_common()  # as the plugin does at start-up (it makes the CDI directory)
