@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import threading
 import time
 import traceback
@@ -35,16 +36,13 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import Decision
-from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 log = logging.getLogger(__name__)
 
 # Traces waiting for the worker. Beyond this (a worker starved for minutes) the oldest are dropped
 # and counted, as the SDK's batch processor drops spans when its queue is full.
 MAX_PENDING_TRACES = 2048
-
-_PROPAGATOR = TraceContextTextMapPropagator()
 
 
 class _PresetIds(IdGenerator):
@@ -166,8 +164,11 @@ class RecordedSpan:
         if self.span_id is None:
             self.span_id = recorder._ids.inner.generate_span_id()
         trace_id = root.trace_id if root.trace_id is not None else root.remote_parent().trace_id
-        context = SpanContext(trace_id, self.span_id, False, root.flags, root.trace_state)
-        _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(NonRecordingSpan(context)))
+        # W3C trace context, as TraceContextTextMapPropagator.inject writes it (tests compare), without
+        # the context and span objects it needs around the same four fields.
+        carrier["traceparent"] = f"00-{trace_id:032x}-{self.span_id:016x}-{root.flags:02x}"
+        if root.trace_state:
+            carrier["tracestate"] = root.trace_state.to_header()
 
     def end(self) -> None:
         if self.end_ns is not None:
@@ -254,7 +255,9 @@ class SpanRecorder:
             self._ids = tracer.id_generator = _PresetIds(tracer.id_generator)
         self._queue: deque[list[RecordedSpan]] = deque()
         self._lock = threading.Lock()  # one trace made at a time: the preset ids are one slot
-        self._wake = threading.Event()
+        # The worker's wake-up: SimpleQueue's put and get are C, where an Event's set is Python code
+        # that a cold call pays for (several puts before a get only mean an empty flush).
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._start_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -283,7 +286,7 @@ class SpanRecorder:
 
     def close(self) -> None:
         self._closed = True
-        self._wake.set()
+        self._wake.put(None)
         if self._thread is not None:
             self._thread.join(timeout=10)
         self.flush()
@@ -309,12 +312,11 @@ class SpanRecorder:
                     # Started by the first trace, not at start-up: a plugin nobody calls pays nothing.
                     self._thread = threading.Thread(target=self._work, name="otel-dra-spans", daemon=True)
                     self._thread.start()
-        self._wake.set()
+        self._wake.put(None)
 
     def _work(self) -> None:
         while not self._closed:
-            self._wake.wait()
-            self._wake.clear()
+            self._wake.get()
             self.flush()
 
     def _decide(self, root: RecordedSpan) -> None:

@@ -21,6 +21,7 @@ from tests.helpers import wait_until
 
 PROPAGATOR = TraceContextTextMapPropagator()
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+CALLER = {"traceparent": PARENT, "tracestate": "vendor=abc,other=x"}
 
 
 def _provider(**kwargs: Any) -> tuple[TracerProvider, InMemorySpanExporter]:
@@ -47,7 +48,7 @@ def _call_with_the_sdk(provider: TracerProvider, headers: dict[str, str]) -> Non
     """What the plugin did before: a SERVER span, a child whose context is injected, a child that
     fails with an exception, attributes set along the way."""
     tracer = provider.get_tracer("t", "1")
-    parent = PROPAGATOR.extract({"traceparent": PARENT})
+    parent = PROPAGATOR.extract(CALLER)
     with tracer.start_as_current_span("rpc", context=parent, kind=SpanKind.SERVER, attributes={"a": 1}) as rpc:
         with tracer.start_as_current_span("GET", kind=SpanKind.CLIENT, attributes={"url": "u"}) as get:
             PROPAGATOR.inject(headers)
@@ -59,7 +60,7 @@ def _call_with_the_sdk(provider: TracerProvider, headers: dict[str, str]) -> Non
 
 
 def _call_recorded(recorder: SpanRecorder, headers: dict[str, str]) -> None:
-    parent = PROPAGATOR.extract({"traceparent": PARENT})
+    parent = PROPAGATOR.extract(CALLER)
     with recorder.start("rpc", context=parent, kind=SpanKind.SERVER, attributes={"a": 1}) as rpc:
         with rpc.child("GET", kind=SpanKind.CLIENT, attributes={"url": "u"}) as get:
             get.inject(headers)
@@ -115,6 +116,13 @@ def test_the_propagated_context_is_the_exported_spans(recorders):
     sent = trace.get_current_span(PROPAGATOR.extract(headers)).get_span_context()
     assert (sent.trace_id, sent.span_id) == (get.context.trace_id, get.context.span_id)
     assert sent.trace_flags == get.context.trace_flags and sent.trace_flags.sampled
+    live_provider, _ = _provider()
+    live: dict[str, str] = {}
+    _call_with_the_sdk(live_provider, live)
+    assert headers.keys() == live.keys() == {"traceparent", "tracestate"}
+    assert headers["tracestate"] == live["tracestate"] == "vendor=abc,other=x"
+    version, trace_id, _, flags = headers["traceparent"].split("-")
+    assert [version, trace_id, flags] == [live["traceparent"].split("-")[i] for i in (0, 1, 3)]
 
 
 def test_a_root_of_its_own_propagates_the_trace_id_it_is_exported_with(recorders):
