@@ -12,6 +12,8 @@ variants, in alternated back-to-back rounds so that each sees the same drift of 
 - ``held``: as ``on``, but the batch processor holds every span until the plugin stops
   (``OTEL_BSP_*``: no export while pods cycle), so ``on`` minus ``held`` is what the export
   costs the calls it overlaps and ``held`` minus ``off`` the spans' own work;
+- ``on-before``: as ``on``, from the tree given by ``--before-source`` (a checkout of an earlier
+  commit), so that a change's effect on tracing is a ratio within one run;
 - ``go``: the upstream ``dra-example-kubeletplugin`` (sigs.k8s.io/dra-example-driver v0.4.0,
   built from the Go module proxy into the peer cache by
   :func:`otel_dra.testbed.build.build_upstream_driver`; bench only).
@@ -69,7 +71,7 @@ NODE_LOCK = Path("/tmp/otel-dra-node.flock")
 BENCH_FLAG = Path("/tmp/bench-running")
 # Only the DRA client code at V(4): its two lines per call, not the rest of the kubelet's V(4) noise.
 KUBELET_VMODULE = "--vmodule=dra_plugin=4"
-VARIANTS = ("off", "on", "held", "go")
+VARIANTS = ("off", "on", "held", "on-before", "go")
 DEFAULT_VARIANTS = ("off", "on", "go")  # held: a diagnosis, asked for by name
 
 # klog's text header: severity, MMDD, time to the microsecond, thread id, file:line.
@@ -259,6 +261,7 @@ class Bench:
 
         self.testbed, self.node, self.upstream, self.sink_port, self.work = testbed, node, upstream, sink_port, work
         self.source, self.python = source, python
+        self.before_source: Path | None = None
         self.client = KubeClient(load_credentials(str(testbed.kubeconfig)))
         self.kubeconfig = json_kubeconfig(Path(testbed.kubeconfig), work / "plugin-kubeconfig.json")
         self.kubelet_port = int(testbed.nodes[node.name]["ports"]["kubelet"])
@@ -278,8 +281,8 @@ class Bench:
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
         if variant == "go":
             return [str(self.upstream), *common], env
-        env["PYTHONPATH"] = str(self.source)
-        if variant in ("on", "held"):
+        env["PYTHONPATH"] = str(self._source(variant))
+        if variant in ("on", "held", "on-before"):
             env["OTEL_EXPORTER_OTLP_PROTOCOL"] = "http/protobuf"
             env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = f"http://127.0.0.1:{self.sink_port}/v1/traces"
             env["OTEL_TRACES_SAMPLER"] = "always_on"
@@ -288,6 +291,13 @@ class Bench:
             env["OTEL_BSP_SCHEDULE_DELAY"] = str(3_600_000)
             env["OTEL_BSP_MAX_QUEUE_SIZE"] = env["OTEL_BSP_MAX_EXPORT_BATCH_SIZE"] = str(1_000_000)
         return [self.python, "-m", "otel_dra", "plugin", *common], env
+
+    def _source(self, variant: str) -> Path:
+        if variant != "on-before":
+            return self.source
+        if self.before_source is None:
+            raise ValueError("variant on-before needs --before-source")
+        return self.before_source
 
     def _clean(self) -> None:
         """Each variant starts from empty state: no checkpoint or CDI spec of another driver's
@@ -318,7 +328,7 @@ class Bench:
         out = (self.work / f"{variant}.log").open("ab")
         started = time.monotonic()
         # cwd: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH.
-        cwd = self.source if variant != "go" else self.work
+        cwd = self._source(variant) if variant != "go" else self.work
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
         try:
             connected = re.compile(rf'"Connection changed" .*driverName="{re.escape(DRIVER)}" .*connected=true')
@@ -383,7 +393,7 @@ class Bench:
             out.close()
         after = kubelet_metrics(self.node.layout.dir, self.kubelet_port)
         spans: dict[str, list[float]] = {}
-        if variant in ("on", "held"):  # stopped: the last spans are flushed
+        if variant in ("on", "held", "on-before"):  # stopped: the last spans are flushed
             with urllib.request.urlopen(f"http://127.0.0.1:{self.sink_port}/spans", timeout=10) as resp:
                 spans = json.loads(resp.read())
         with log.open("rb") as f:
@@ -511,6 +521,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--keep", type=Path, default=None, help="copy the kubelet and driver logs here")
     parser.add_argument(
+        "--before-source",
+        type=Path,
+        default=None,
+        help="the tree of variant on-before (e.g. `git worktree add /tmp/before <commit>`)",
+    )
+    parser.add_argument(
         "--plugin-source",
         type=Path,
         default=Path(__file__).resolve().parents[1],
@@ -528,6 +544,8 @@ def main(argv: list[str] | None = None) -> int:
     variants = [v for v in args.variants.split(",") if v]
     if not set(variants) <= set(VARIANTS):
         parser.error(f"--variants: of {','.join(VARIANTS)}")
+    if ("on-before" in variants) != (args.before_source is not None):
+        parser.error("--before-source and variant on-before go together")
 
     from otel_dra.fixtures import create
     from otel_dra.testbed import find_binaries, running
@@ -546,6 +564,8 @@ def main(argv: list[str] | None = None) -> int:
     upstream = build_upstream_driver() if "go" in variants else Path("/nonexistent")
     if set(variants) - {"go"}:
         precompile(args.plugin_source.resolve())
+    if args.before_source is not None:
+        precompile(args.before_source.resolve())
     sink_port = free_port()
     sink = subprocess.Popen([sys.executable, "-m", "bench.sink", str(sink_port)], stdout=subprocess.PIPE, text=True)
     rounds: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
@@ -560,6 +580,8 @@ def main(argv: list[str] | None = None) -> int:
                 bench = Bench(
                     testbed, node, upstream, sink_port, Path(tmp), args.plugin_source.resolve(), args.plugin_python
                 )
+                if args.before_source is not None:
+                    bench.before_source = args.before_source.resolve()
                 from otel_dra.cli.demo import demo_objects
 
                 device_class, _, template = demo_objects(DRIVER)
@@ -595,11 +617,18 @@ def main(argv: list[str] | None = None) -> int:
         "rounds_per_variant": args.rounds,
         "devices": DEVICES,
         "plugin_source": str(args.plugin_source),
+        "before_source": str(args.before_source) if args.before_source else None,
         "plugin_python": args.plugin_python,
         "plugin_kubeconfig": "JSON (read without yaml, as a pod's service account is)",
         "plugin_bytecode": "byte-compiled before the rounds, as pip install does in the image",
     }
-    names = {"off": "ours_tracing_off", "on": "ours_tracing_on", "held": "ours_tracing_held", "go": "upstream_go"}
+    names = {
+        "off": "ours_tracing_off",
+        "on": "ours_tracing_on",
+        "held": "ours_tracing_held",
+        "on-before": "before_tracing_on",
+        "go": "upstream_go",
+    }
     for variant in variants:
         out[names[variant]] = summarize(rounds[variant])
     if "go" in variants:
@@ -609,7 +638,12 @@ def main(argv: list[str] | None = None) -> int:
             out[f"ratio_{names[variant]}_vs_upstream"] = {
                 k: round(ours[k] / go[k], 3) for k in RATIO_KEYS if go.get(k) and ours.get(k) is not None
             }
-    for variant, key in (("on", "tracing_overhead_prepare_mean"), ("held", "tracing_held_overhead_prepare_mean")):
+    overheads = (
+        ("on", "tracing_overhead_prepare_mean"),
+        ("held", "tracing_held_overhead_prepare_mean"),
+        ("on-before", "before_tracing_overhead_prepare_mean"),
+    )
+    for variant, key in overheads:
         if "off" in variants and variant in variants:
             off, traced = out["ours_tracing_off"], out[names[variant]]
             out[key] = round(traced["prepare_mean_ms"] / off["prepare_mean_ms"] - 1, 3)
