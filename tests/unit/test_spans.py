@@ -4,13 +4,14 @@ spans the SDK makes when called directly, with the ids that were propagated."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import NoOpTracerProvider, SpanKind, Status, StatusCode
@@ -95,6 +96,7 @@ def test_recorded_spans_are_the_spans_the_sdk_makes(recorders):
     recorder.flush()
     got, want = exporter.get_finished_spans(), live.get_finished_spans()
     assert _shape(got) == _shape(want)
+    assert [s.name for s in got] == [s.name for s in want] == ["GET", "write", "rpc"]  # the order they ended
     assert {s.instrumentation_scope.name for s in got} == {"t"}
     assert all(s.context.trace_id == int(PARENT.split("-")[1], 16) for s in got)
     (write,) = [s for s in got if s.name == "write"]
@@ -202,3 +204,69 @@ def test_no_sdk_span_is_made_on_the_calling_thread(recorders):
     wait_until(lambda: len(exporter.get_finished_spans()) == 3, timeout=5, what="the worker's spans")
     assert len(threads) == 3 and threading.get_ident() not in threads
     recorder.close()
+
+
+class _Exports(SpanExporter):
+    """Counts exports; ``delay`` makes each take that long (an endpoint that answers slowly)."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.batches: list[list[str]] = []
+        self.delay = delay
+
+    def export(self, spans: Any) -> SpanExportResult:
+        time.sleep(self.delay)
+        self.batches.append([s.name for s in spans])
+        return SpanExportResult.SUCCESS
+
+
+def _batched(exporter: SpanExporter) -> TracerProvider:
+    """A batch processor whose timer does not fire within a test: only the recorder exports."""
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=600_000))
+    return provider
+
+
+def test_the_batch_goes_out_between_calls_not_on_its_timer(recorders):
+    exports = _Exports()
+    provider = _batched(exports)
+    recorder = recorders(provider)
+    with recorder.start("first") as call, call.child("step"):
+        pass
+    wait_until(lambda: exports.batches == [["step", "first"]], timeout=5, what="the export after the call")
+    running = recorder.start("long call")  # in flight: the next call's spans wait in the batch
+    with recorder.start("short call"):
+        pass
+    time.sleep(0.3)
+    assert exports.batches == [["step", "first"]]
+    running.end()
+    wait_until(lambda: len(exports.batches) == 2, timeout=5, what="the export once no call runs")
+    assert sorted(exports.batches[1]) == ["long call", "short call"]
+    provider.shutdown()
+
+
+def test_without_idle_exports_the_timer_decides():
+    exports = _Exports()
+    provider = _batched(exports)
+    recorder = SpanRecorder(provider, "t", "1", export_when_idle=False)
+    with recorder.start("call"):
+        pass
+    time.sleep(0.3)
+    recorder.close()
+    assert exports.batches == []  # made, and waiting in the batch
+    provider.shutdown()
+    assert exports.batches == [["call"]]
+
+
+def test_a_slow_export_pauses_exports_between_calls(recorders):
+    exports = _Exports(delay=1.2)
+    provider = _batched(exports)
+    recorder = recorders(provider)
+    with recorder.start("first"):
+        pass
+    wait_until(lambda: len(exports.batches) == 1, timeout=5, what="the first, slow export")
+    with recorder.start("second"):
+        pass
+    time.sleep(0.5)
+    assert len(exports.batches) == 1  # paused: the batch processor's timer takes over
+    provider.shutdown()
+    assert exports.batches[-1] == ["second"]
