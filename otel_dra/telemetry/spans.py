@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 # Traces waiting for the worker. Beyond this (a worker starved for minutes) the oldest are dropped
 # and counted, as the SDK's batch processor drops spans when its queue is full.
 MAX_PENDING_TRACES = 2048
+# How long the worker lets a call finish after its root span ended (its answer still to be sent)
+# before making its spans.
+_SETTLE_S = 0.01
 # Exports between calls (SpanRecorder._export_if_idle): one slower than this pauses them that long.
 _IDLE_EXPORT_TIMEOUT_MS = 5000
 _SLOW_EXPORT_S = 1.0
@@ -339,6 +342,9 @@ class SpanRecorder:
     def _work(self) -> None:
         while not self._closed:
             self._wake.get()
+            # The root ends inside the handler: its thread still builds and sends the answer,
+            # Python code that would wait for the GIL behind this worker (1 ms switch interval).
+            time.sleep(_SETTLE_S)
             self.flush()
             if self._provider is not None:
                 self._export_if_idle(self._provider)
