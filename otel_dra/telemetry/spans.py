@@ -296,6 +296,10 @@ class SpanRecorder:
         """A root span; ``context``: the caller's, with its remote parent if it sent one."""
         if not self.enabled:
             return _NO_SPAN
+        if context is None:
+            # As Tracer.start_span: no context means the caller's current one. Taken now, since the
+            # worker's own (empty) context is not the caller's.
+            context = context_api.get_current()
         with self._calls_lock:
             self._calls += 1
         return RecordedSpan(self, name, kind, dict(attributes or {}), None, context, record_exceptions)

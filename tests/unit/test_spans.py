@@ -270,3 +270,19 @@ def test_a_slow_export_pauses_exports_between_calls(recorders):
     assert len(exports.batches) == 1  # paused: the batch processor's timer takes over
     provider.shutdown()
     assert exports.batches[-1] == ["second"]
+
+
+def test_without_a_context_the_callers_current_span_is_the_parent(recorders):
+    """As with the SDK: a root started without a context joins the span current in the caller's
+    thread (not the worker's), and what it propagates is that trace."""
+    provider, exporter = _provider()
+    recorder = recorders(provider)
+    outer = provider.get_tracer("caller").start_span("caller's span")
+    headers: dict[str, str] = {}
+    with trace.use_span(outer, end_on_exit=True), recorder.start("call") as call:
+        call.inject(headers)
+    recorder.flush()
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert spans["call"].parent is not None and spans["call"].parent.span_id == outer.get_span_context().span_id
+    sent = trace.get_current_span(PROPAGATOR.extract(headers)).get_span_context()
+    assert (sent.trace_id, sent.span_id) == (outer.get_span_context().trace_id, spans["call"].context.span_id)
