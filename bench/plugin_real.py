@@ -74,6 +74,7 @@ BENCH_FLAG = Path("/tmp/bench-running")
 KUBELET_VMODULE = "--vmodule=dra_plugin=4"
 VARIANTS = ("off", "on", "held", "on-before", "go")
 DEFAULT_VARIANTS = ("off", "on", "go")  # held: a diagnosis, asked for by name
+TRACED_VARIANTS = ("on", "held", "on-before")  # export every span to the sink
 
 # klog's text header: severity, MMDD, time to the microsecond, thread id, file:line.
 _KLOG_CALL = re.compile(
@@ -283,7 +284,7 @@ class Bench:
         if variant == "go":
             return [str(self.upstream), *common], env
         env["PYTHONPATH"] = str(self._source(variant))
-        if variant in ("on", "held", "on-before"):
+        if variant in TRACED_VARIANTS:
             env["OTEL_EXPORTER_OTLP_PROTOCOL"] = "http/protobuf"
             env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = f"http://127.0.0.1:{self.sink_port}/v1/traces"
             env["OTEL_TRACES_SAMPLER"] = "always_on"
@@ -394,7 +395,7 @@ class Bench:
             out.close()
         after = kubelet_metrics(self.node.layout.dir, self.kubelet_port)
         spans: dict[str, list[float]] = {}
-        if variant in ("on", "held", "on-before"):  # stopped: the last spans are flushed
+        if variant in TRACED_VARIANTS:  # stopped: the last spans are flushed
             with urllib.request.urlopen(f"http://127.0.0.1:{self.sink_port}/spans", timeout=10) as resp:
                 spans = json.loads(resp.read())
         with log.open("rb") as f:

@@ -148,8 +148,10 @@ class _DraServicer:
             # Health probes call with no claims every few seconds; a trace of nothing is noise.
             yield None
             return
-        metadata = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
-        parent = self._propagator.extract(metadata)  # a traceparent sent by the caller, if any
+        parent = None
+        if self.driver.spans.enabled:  # tracing off: no span takes the caller's context
+            metadata = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
+            parent = self._propagator.extract(metadata)  # a traceparent sent by the caller, if any
         attributes: dict[str, Any] = {
             RPC_SYSTEM_NAME: "grpc",
             RPC_METHOD: f"{self.service}/{method}",

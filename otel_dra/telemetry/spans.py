@@ -393,31 +393,34 @@ class SpanRecorder:
 
     def _make(self, spans: list[RecordedSpan]) -> None:
         """Start and end the SDK span of each recorded one (caller holds ``_lock``)."""
+        ids = self._ids
+        assert ids is not None  # traces are submitted only by spans of an SDK tracer
         made: dict[RecordedSpan, trace.Span] = {}
         try:
             for s in spans:
                 if s.end_ns is None:
                     continue  # never ended: as with the SDK, not exported (nor its children)
-                assert self._ids is not None
                 if s.parent is None:
                     context = s.parent_context
-                    self._ids.trace_id = s.trace_id
+                    ids.trace_id = s.trace_id
                 else:
                     parent = made.get(s.parent)
                     if parent is None:
                         continue
                     context = trace.set_span_in_context(parent)
-                self._ids.span_id = s.span_id
-                span = self._tracer.start_span(
-                    s.name,
-                    context=context,
-                    kind=s.kind,
-                    attributes=s.attributes,
-                    start_time=s.start_ns,
-                    record_exception=False,
-                    set_status_on_exception=False,
-                )
-                self._ids.trace_id = self._ids.span_id = None
+                ids.span_id = s.span_id
+                try:
+                    span = self._tracer.start_span(
+                        s.name,
+                        context=context,
+                        kind=s.kind,
+                        attributes=s.attributes,
+                        start_time=s.start_ns,
+                        record_exception=False,
+                        set_status_on_exception=False,
+                    )
+                finally:  # a preset not taken (a span with a parent takes no trace id) must not stay
+                    ids.trace_id = ids.span_id = None
                 for name, attributes, timestamp in s.events:
                     span.add_event(name, attributes, timestamp)
                 if s.status is not None:
@@ -428,6 +431,4 @@ class SpanRecorder:
             for _, (s, span) in ends:
                 span.end(end_time=s.end_ns)
         except Exception:  # a bug here must not stop the worker: the next traces still go out
-            if self._ids is not None:
-                self._ids.trace_id = self._ids.span_id = None
             log.exception("could not make the spans of a trace")
