@@ -3,7 +3,7 @@
 #   bench/held_exporter.sh KUBECONFIG TREE NAME [exporter args...]      (SCRAPES=15 by default)
 # Prints: seconds from process start to /readyz 200; CPU seconds by then of the exporter, of
 # kube-apiserver and of etcd (their /proc stat, found by the testbed's ports); the plain scrape
-# p50 (min, max) by curl after two warm-up scrapes; VmRSS / VmHWM; the exporter's own collection
+# p50 (min, max) by curl after two warm-up scrapes, plain and gzip; VmRSS / VmHWM; the exporter's own collection
 # time sums. Logs go to $OUT (default /tmp)/NAME.log. Needs the tree byte-compiled for a fair start-up:
 #   PYTHONDONTWRITEBYTECODE= python -m compileall -q TREE/otel_dra
 set -euo pipefail
@@ -16,6 +16,7 @@ apid=$(pgrep -f "kube-apiserver.*secure-port=$api_port" | head -1)
 etcd_port=$(tr ' ' '\n' < "/proc/$apid/cmdline" 2>/dev/null | tr '\0' '\n' | sed -n 's|--etcd-servers=http://127.0.0.1:\([0-9]*\).*|\1|p' | head -1)
 epid=$(pgrep -f "etcd.*127.0.0.1:$etcd_port" | head -1)
 cpu() { awk '{print ($14+$15)/100}' "/proc/$1/stat"; }
+split() { awk '{print "user " $14/100 " s, system " $15/100 " s"}' "/proc/$1/stat"; }
 a0=$(cpu "$apid"); e0=$(cpu "$epid")
 start=$(date +%s.%N)
 (cd "$tree" && PYTHONPATH=$tree exec "$python" -m otel_dra exporter --kubeconfig "$kc" --address 127.0.0.1 --port "$port" "$@") > "$dir/$out.log" 2>&1 &
@@ -26,10 +27,18 @@ until curl -sf "http://127.0.0.1:$port/readyz" > /dev/null; do
     sleep 0.1
 done
 end=$(date +%s.%N)
-echo "$out: initial sync $(echo "$end - $start" | bc) s; CPU: exporter $(cpu $pid) s, apiserver $(echo "$(cpu "$apid") - $a0" | bc) s, etcd $(echo "$(cpu "$epid") - $e0" | bc) s"
+echo "$out: initial sync $(echo "$end - $start" | bc) s; CPU: exporter $(cpu $pid) s, apiserver $(echo "$(cpu "$apid") - $a0" | bc) s, etcd $(echo "$(cpu "$epid") - $e0" | bc) s (exporter $(split $pid))"
 curl -s -o /dev/null "http://127.0.0.1:$port/metrics"; curl -s -o /dev/null "http://127.0.0.1:$port/metrics"
 for _ in $(seq "${SCRAPES:-15}"); do curl -s -o /dev/null -w "%{time_total}\n" "http://127.0.0.1:$port/metrics"; done | sort -n > "$dir/$out.scrapes"
 n=$(wc -l < "$dir/$out.scrapes")
 echo "  scrape p50 $(sed -n "$(( (n + 1) / 2 ))p" "$dir/$out.scrapes") s (min $(head -1 "$dir/$out.scrapes"), max $(tail -1 "$dir/$out.scrapes")); body $(curl -s "http://127.0.0.1:$port/metrics" | wc -c) bytes"
+# The same with Accept-Encoding: gzip, as Prometheus asks (its scrape_configs' enable_compression
+# defaults to true): time to the last compressed byte, not decompressed (curl without --compressed).
+# Two warm-up scrapes first: the first compresses every segment once, later ones send the cached
+# members.
+gz=(-H "Accept-Encoding: gzip")
+curl -s "${gz[@]}" -o /dev/null "http://127.0.0.1:$port/metrics"; curl -s "${gz[@]}" -o /dev/null "http://127.0.0.1:$port/metrics"
+for _ in $(seq "${SCRAPES:-15}"); do curl -s "${gz[@]}" -o /dev/null -w "%{time_total}\n" "http://127.0.0.1:$port/metrics"; done | sort -n > "$dir/$out.gzip-scrapes"
+echo "  gzip scrape p50 $(sed -n "$(( (n + 1) / 2 ))p" "$dir/$out.gzip-scrapes") s (min $(head -1 "$dir/$out.gzip-scrapes"), max $(tail -1 "$dir/$out.gzip-scrapes")); body $(curl -s "${gz[@]}" "http://127.0.0.1:$port/metrics" | wc -c) bytes compressed"
 echo "  $(grep -E 'VmRSS|VmHWM' /proc/$pid/status | tr -s ' \t' ' ' | tr '\n' ' ')"
 curl -s "http://127.0.0.1:$port/metrics" | grep -E '^otel_dra_collection_(duration|cpu_time)_seconds_(sum|count)\{exporter="prometheus"' | sed 's/^/  /'

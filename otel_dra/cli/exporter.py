@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -219,9 +220,6 @@ def start_exporter(
     from otel_dra.telemetry.priority import ScrapePriority
     from otel_dra.telemetry.provider import build_metrics_pipeline
 
-    # A scrape thread waiting for the GIL while another thread runs Python (a watch burst, an OTLP
-    # push) waits up to the switch interval; 1 ms instead of 5 ms keeps scrapes responsive.
-    sys.setswitchinterval(0.001)
     credentials = load_credentials(kubeconfig)
     log.info("using Kubernetes credentials from %s (server %s)", credentials.source, credentials.host)
     pipeline = build_metrics_pipeline(
@@ -257,8 +255,23 @@ def start_exporter(
             METRIC_LISTS[families.allow][0],
         )
 
-    def scrape(openmetrics: bool, gzipped: bool) -> list[bytes]:
+    # A scrape thread waiting for the GIL while another thread runs Python (a watch burst, an OTLP
+    # push) waits up to the switch interval; 1 ms instead of 5 ms keeps scrapes responsive. Not
+    # before the caches are first in sync: until then nothing is served, and the reflector threads
+    # turning the initial lists into series switch less at the default 5 ms (at workload L the 1 ms
+    # cost ~9% more CPU by ready, docs/benchmarks.md). The first check that finds them in sync (a
+    # readiness probe, a scrape) shortens it, once.
+    serving = threading.Event()
+
+    def not_synced() -> str | None:
         reason = state.not_synced()
+        if reason is None and not serving.is_set():
+            sys.setswitchinterval(0.001)
+            serving.set()
+        return reason
+
+    def scrape(openmetrics: bool, gzipped: bool) -> list[bytes]:
+        reason = not_synced()
         if reason is not None:
             raise NotReady(reason)
         return assemble(pipeline.registry, state.blocks(), openmetrics, gzipped)
@@ -289,7 +302,7 @@ def start_exporter(
     web = web or WebOptions()
     access = build_access(web, client)
     server = MetricsServer(
-        Endpoints(scrape, state.not_synced, on_scrape, priority), address, port, access.security, web.limits
+        Endpoints(scrape, not_synced, on_scrape, priority), address, port, access.security, web.limits
     )
     state.start()
     server.start()
