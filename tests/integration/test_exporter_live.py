@@ -176,6 +176,26 @@ def test_rbac_list_watch_is_enough(testbed, start_exporter_app):
     assert code == 200 and "kube_resourceclaim_status_reserved_total" in text
 
 
+def test_the_short_switch_interval_starts_when_the_caches_are_in_sync(testbed, start_exporter_app):
+    # The initial lists run at the interpreter's default switch interval; the 1 ms that keeps
+    # scrapes responsive comes with the first check that finds the caches in sync.
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)
+    try:
+        stuck = start_exporter_app(rbac_kubeconfig(testbed, "exporter-nolist", '["get"]'))
+        wait_until(
+            lambda: b"forbidden" in http_get(f"http://127.0.0.1:{stuck.port}/readyz")[1], timeout=30, what="forbidden"
+        )
+        assert scrape(stuck.port)[0] == 500
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+
+        app = start_exporter_app(rbac_kubeconfig(testbed, "exporter-listwatch", '["list", "watch"]'))
+        wait_until(lambda: http_get(f"http://127.0.0.1:{app.port}/readyz")[0] == 200, timeout=30, what="ready")
+        assert sys.getswitchinterval() == pytest.approx(0.001)
+    finally:
+        sys.setswitchinterval(before)
+
+
 def test_rbac_without_watch_is_a_clear_error_not_a_crash(testbed, tmp_path):
     kubeconfig = rbac_kubeconfig(testbed, "exporter-listonly", '["list"]')
     log = tmp_path / "exporter.log"
