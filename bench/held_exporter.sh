@@ -1,10 +1,12 @@
 #!/bin/bash
 # One exporter from source tree TREE against a held testbed (bench/held.py), measured:
 #   bench/held_exporter.sh KUBECONFIG TREE NAME [exporter args...]      (SCRAPES=15 by default)
-# Prints: seconds from process start to /readyz 200; CPU seconds by then of the exporter, of
-# kube-apiserver and of etcd (their /proc stat, found by the testbed's ports); the plain scrape
-# p50 (min, max) by curl after two warm-up scrapes, plain and gzip; VmRSS / VmHWM; the exporter's own collection
-# time sums. Logs go to $OUT (default /tmp)/NAME.log. Needs the tree byte-compiled for a fair start-up:
+# Prints: seconds from process start to /readyz 200; CPU seconds by then of the exporter (user and
+# system), of kube-apiserver and of etcd (their /proc stat, found by the testbed's ports); the
+# scrape p50 (min, max) by curl after two warm-up scrapes, plain and with Accept-Encoding: gzip; the
+# API requests (DRA objects and pods) the scrapes caused; VmRSS / VmHWM; the exporter's own
+# collection time sums. Logs go to $OUT (default /tmp)/NAME.log. Needs the tree byte-compiled for a
+# fair start-up:
 #   PYTHONDONTWRITEBYTECODE= python -m compileall -q TREE/otel_dra
 set -euo pipefail
 kc=$1; tree=$2; out=$3; shift 3
@@ -28,6 +30,22 @@ until curl -sf "http://127.0.0.1:$port/readyz" > /dev/null; do
 done
 end=$(date +%s.%N)
 echo "$out: initial sync $(echo "$end - $start" | bc) s; CPU: exporter $(cpu $pid) s, apiserver $(echo "$(cpu "$apid") - $a0" | bc) s, etcd $(echo "$(cpu "$epid") - $e0" | bc) s (exporter $(split $pid))"
+# API requests for DRA objects and pods (apiserver_request_total, every verb but WATCH) during
+# the scrapes: nothing else uses the held testbed, so the difference is the exporter's.
+requests() {
+    "$python" - "$kc" <<'PY'
+import sys
+from otel_dra.kube.client import KubeClient, load_credentials
+text = KubeClient(load_credentials(sys.argv[1])).get_bytes("/metrics", {}).decode()
+total = 0.0
+for line in text.splitlines():
+    if line.startswith("apiserver_request_total{") and 'verb="WATCH"' not in line:
+        if 'group="resource.k8s.io"' in line or ('group=""' in line and 'resource="pods"' in line):
+            total += float(line.rsplit(" ", 1)[1])
+print(int(total))
+PY
+}
+r0=$(requests)
 curl -s -o /dev/null "http://127.0.0.1:$port/metrics"; curl -s -o /dev/null "http://127.0.0.1:$port/metrics"
 for _ in $(seq "${SCRAPES:-15}"); do curl -s -o /dev/null -w "%{time_total}\n" "http://127.0.0.1:$port/metrics"; done | sort -n > "$dir/$out.scrapes"
 n=$(wc -l < "$dir/$out.scrapes")
@@ -40,5 +58,7 @@ gz=(-H "Accept-Encoding: gzip")
 curl -s "${gz[@]}" -o /dev/null "http://127.0.0.1:$port/metrics"; curl -s "${gz[@]}" -o /dev/null "http://127.0.0.1:$port/metrics"
 for _ in $(seq "${SCRAPES:-15}"); do curl -s "${gz[@]}" -o /dev/null -w "%{time_total}\n" "http://127.0.0.1:$port/metrics"; done | sort -n > "$dir/$out.gzip-scrapes"
 echo "  gzip scrape p50 $(sed -n "$(( (n + 1) / 2 ))p" "$dir/$out.gzip-scrapes") s (min $(head -1 "$dir/$out.gzip-scrapes"), max $(tail -1 "$dir/$out.gzip-scrapes")); body $(curl -s "${gz[@]}" "http://127.0.0.1:$port/metrics" | wc -c) bytes compressed"
+scrapes=$(( 2 * ${SCRAPES:-15} + 6 ))
+echo "  API requests for DRA objects and pods during the $scrapes scrapes: $(( $(requests) - r0 ))"
 echo "  $(grep -E 'VmRSS|VmHWM' /proc/$pid/status | tr -s ' \t' ' ' | tr '\n' ' ')"
 curl -s "http://127.0.0.1:$port/metrics" | grep -E '^otel_dra_collection_(duration|cpu_time)_seconds_(sum|count)\{exporter="prometheus"' | sed 's/^/  /'
