@@ -18,7 +18,7 @@ apid=$(pgrep -f "kube-apiserver.*secure-port=$api_port" | head -1)
 etcd_port=$(tr ' ' '\n' < "/proc/$apid/cmdline" 2>/dev/null | tr '\0' '\n' | sed -n 's|--etcd-servers=http://127.0.0.1:\([0-9]*\).*|\1|p' | head -1)
 epid=$(pgrep -f "etcd.*127.0.0.1:$etcd_port" | head -1)
 cpu() { awk '{print ($14+$15)/100}' "/proc/$1/stat"; }
-split() { awk '{print "user " $14/100 " s, system " $15/100 " s"}' "/proc/$1/stat"; }
+cpu_split() { awk '{print "user " $14/100 " s, system " $15/100 " s"}' "/proc/$1/stat"; }
 a0=$(cpu "$apid"); e0=$(cpu "$epid")
 start=$(date +%s.%N)
 (cd "$tree" && PYTHONPATH=$tree exec "$python" -m otel_dra exporter --kubeconfig "$kc" --address 127.0.0.1 --port "$port" "$@") > "$dir/$out.log" 2>&1 &
@@ -29,7 +29,7 @@ until curl -sf "http://127.0.0.1:$port/readyz" > /dev/null; do
     sleep 0.1
 done
 end=$(date +%s.%N)
-echo "$out: initial sync $(echo "$end - $start" | bc) s; CPU: exporter $(cpu $pid) s, apiserver $(echo "$(cpu "$apid") - $a0" | bc) s, etcd $(echo "$(cpu "$epid") - $e0" | bc) s (exporter $(split $pid))"
+echo "$out: initial sync $(echo "$end - $start" | bc) s; CPU: exporter $(cpu $pid) s, apiserver $(echo "$(cpu "$apid") - $a0" | bc) s, etcd $(echo "$(cpu "$epid") - $e0" | bc) s (exporter $(cpu_split $pid))"
 # API requests for DRA objects and pods (apiserver_request_total, every verb but WATCH) during
 # the scrapes: nothing else uses the held testbed, so the difference is the exporter's.
 requests() {
@@ -45,20 +45,25 @@ for line in text.splitlines():
 print(int(total))
 PY
 }
+# Two warm-up scrapes with the curl options given, then SCRAPES timed ones (sorted into
+# $dir/$out.FILE): their p50, min and max, and the size of one more body. Counts them in $scraped.
+scraped=0
+timed_scrapes() {
+    local label=$1 file=$2 unit=$3 url="http://127.0.0.1:$port/metrics" n
+    shift 3
+    curl -s "$@" -o /dev/null "$url"; curl -s "$@" -o /dev/null "$url"
+    for _ in $(seq "${SCRAPES:-15}"); do curl -s "$@" -o /dev/null -w "%{time_total}\n" "$url"; done | sort -n > "$dir/$out.$file"
+    n=$(wc -l < "$dir/$out.$file")
+    echo "  $label p50 $(sed -n "$(( (n + 1) / 2 ))p" "$dir/$out.$file") s (min $(head -1 "$dir/$out.$file"), max $(tail -1 "$dir/$out.$file")); body $(curl -s "$@" "$url" | wc -c) $unit"
+    scraped=$(( scraped + n + 3 ))
+}
 r0=$(requests)
-curl -s -o /dev/null "http://127.0.0.1:$port/metrics"; curl -s -o /dev/null "http://127.0.0.1:$port/metrics"
-for _ in $(seq "${SCRAPES:-15}"); do curl -s -o /dev/null -w "%{time_total}\n" "http://127.0.0.1:$port/metrics"; done | sort -n > "$dir/$out.scrapes"
-n=$(wc -l < "$dir/$out.scrapes")
-echo "  scrape p50 $(sed -n "$(( (n + 1) / 2 ))p" "$dir/$out.scrapes") s (min $(head -1 "$dir/$out.scrapes"), max $(tail -1 "$dir/$out.scrapes")); body $(curl -s "http://127.0.0.1:$port/metrics" | wc -c) bytes"
+timed_scrapes scrape scrapes bytes
 # The same with Accept-Encoding: gzip, as Prometheus asks (its scrape_configs' enable_compression
 # defaults to true): time to the last compressed byte, not decompressed (curl without --compressed).
-# Two warm-up scrapes first: the first compresses every segment once, later ones send the cached
+# Of the two warm-up scrapes the first compresses every segment once; later ones send the cached
 # members.
-gz=(-H "Accept-Encoding: gzip")
-curl -s "${gz[@]}" -o /dev/null "http://127.0.0.1:$port/metrics"; curl -s "${gz[@]}" -o /dev/null "http://127.0.0.1:$port/metrics"
-for _ in $(seq "${SCRAPES:-15}"); do curl -s "${gz[@]}" -o /dev/null -w "%{time_total}\n" "http://127.0.0.1:$port/metrics"; done | sort -n > "$dir/$out.gzip-scrapes"
-echo "  gzip scrape p50 $(sed -n "$(( (n + 1) / 2 ))p" "$dir/$out.gzip-scrapes") s (min $(head -1 "$dir/$out.gzip-scrapes"), max $(tail -1 "$dir/$out.gzip-scrapes")); body $(curl -s "${gz[@]}" "http://127.0.0.1:$port/metrics" | wc -c) bytes compressed"
-scrapes=$(( 2 * ${SCRAPES:-15} + 6 ))
-echo "  API requests for DRA objects and pods during the $scrapes scrapes: $(( $(requests) - r0 ))"
+timed_scrapes "gzip scrape" gzip-scrapes "bytes compressed" -H "Accept-Encoding: gzip"
+echo "  API requests for DRA objects and pods during the $scraped scrapes: $(( $(requests) - r0 ))"
 echo "  $(grep -E 'VmRSS|VmHWM' /proc/$pid/status | tr -s ' \t' ' ' | tr '\n' ' ')"
 curl -s "http://127.0.0.1:$port/metrics" | grep -E '^otel_dra_collection_(duration|cpu_time)_seconds_(sum|count)\{exporter="prometheus"' | sed 's/^/  /'

@@ -258,9 +258,9 @@ def start_exporter(
     # A scrape thread waiting for the GIL while another thread runs Python (a watch burst, an OTLP
     # push) waits up to the switch interval; 1 ms instead of 5 ms keeps scrapes responsive. Not
     # before the caches are first in sync: until then nothing is served, and the reflector threads
-    # turning the initial lists into series switch less at the default 5 ms (workload L synced 12-16%
-    # sooner than at 1 ms in paired runs, docs/benchmarks.md). The first check that finds them in sync (a
-    # readiness probe, a scrape) shortens it, once.
+    # turning the initial lists into series switch less at the default 5 ms (workload L synced
+    # 12-16% sooner than at 1 ms in paired runs, docs/benchmarks.md). The first check that finds
+    # them in sync (a readiness probe, a scrape) shortens it, once.
     serving = threading.Event()
 
     def not_synced() -> str | None:

@@ -118,7 +118,7 @@ class StreamedList:
             del self._buf[: self._pos]  # keep the buffer about one read long
             self._offset += self._pos
             self._pos = 0
-        self._buf += pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        self._buf += b"".join(pieces)
         return True
 
     def _need(self, n: int) -> None:
