@@ -107,6 +107,7 @@ def test_each_release_wrapper_repeats_its_own_go_mod() -> None:
     cri-streaming and streaming); etcd as its hack/lib/etcd.sh names it."""
     expected = {"1.34": (31, "go1.24", "v3.6"), "1.35": (31, "go1.25", "v3.6"), "1.36": (33, "go1.26", "v3.6")}
     expected["1.37"] = (33, "go1.26", "v3.7")
+    expected["1.38"] = (35, "go1.27", "v3.7")  # 1.38 added apiextensions-api and ktesting
     assert [release.minor for release in KUBERNETES_RELEASES] == sorted(expected)
     for minor, (modules, godebug, etcd) in expected.items():
         kubernetes, etcd_row = control_plane(minor)

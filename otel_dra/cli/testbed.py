@@ -9,16 +9,18 @@ from pathlib import Path
 from typing import Any
 
 from otel_dra.cli.flags import add_flag
-from otel_dra.testbed.build import (
-    DEFAULT_KUBERNETES_MINOR,
+from otel_dra.testbed.build import BuildError, build, refresh_releases
+from otel_dra.testbed.controlplane import TestbedError, down, up
+from otel_dra.testbed.releases import (
     KUBERNETES_RELEASES,
     KUBERNETES_VERSION_ENV,
-    BuildError,
     KubernetesRelease,
-    build,
+    ci_minors,
+    default_release,
     kubernetes_release,
+    newest_release,
+    releases,
 )
-from otel_dra.testbed.controlplane import TestbedError, down, up
 
 
 def kubernetes_version(text: str) -> KubernetesRelease:
@@ -36,9 +38,9 @@ def add_kubernetes_version_flag(parser: argparse.ArgumentParser) -> None:
         "--kubernetes-version",
         KUBERNETES_VERSION_ENV,
         f"Kubernetes minor or version of the local control plane: "
-        f"{', '.join(r.minor for r in KUBERNETES_RELEASES)} (default {DEFAULT_KUBERNETES_MINOR}, "
-        f"the newest patch of each)",
-        default=kubernetes_release(DEFAULT_KUBERNETES_MINOR),
+        f"{', '.join(r.minor for r in KUBERNETES_RELEASES)} (default: the newest generally available "
+        f"release served, now {default_release().minor}; see `otel-dra testbed releases`)",
+        default=None,
         type=kubernetes_version,
         metavar="VERSION",
     )
@@ -125,6 +127,26 @@ def add_parser(subparsers: Any) -> None:
     p_image.add_argument("--force", action="store_true", help="build even when an archive of the same inputs exists")
     p_image.set_defaults(func=cmd_image)
 
+    p_releases = commands.add_parser(
+        "releases",
+        help="the Kubernetes releases the testbed builds, the default, and the CI matrix",
+        description="Prints the release table with each tracking row at the version the module proxy last "
+        "served (kept under the cache by `testbed build` and by --refresh). --default, --newest and --ci "
+        "print one line for scripts (.ci/run, the Makefile).",
+    )
+    p_releases.add_argument("--refresh", action="store_true", help="ask the module proxy for new releases first")
+    shown = p_releases.add_mutually_exclusive_group()
+    shown.add_argument("--default", action="store_true", help="print the default minor only")
+    shown.add_argument("--newest", action="store_true", help="print the newest minor served (pre-releases too)")
+    shown.add_argument(
+        "--ci",
+        action="store_true",
+        help="print the minors CI tests besides the default: the oldest, and the newest "
+        "while it is newer than the default",
+    )
+    shown.add_argument("--minors", action="store_true", help="print every minor")
+    p_releases.set_defaults(func=cmd_releases)
+
     p_down = commands.add_parser(
         "down",
         help="stop the control plane started in DIR (keeps logs, deletes etcd data)",
@@ -138,13 +160,23 @@ def _error(message: str) -> int:
     return 1
 
 
+def _release_after_refresh(chosen: KubernetesRelease | None) -> KubernetesRelease:
+    """Ask the module proxy for new releases, then the release to build: a tracking minor at what is
+    served now, a pinned version as given, and no choice the default as it is now."""
+    refresh_releases()
+    if chosen is None:
+        return kubernetes_release()
+    return kubernetes_release(chosen.minor) if chosen.tracks else chosen
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     from otel_dra.testbed.build import build_helm, build_jaeger, build_node, build_otelcol
 
     extras: list[Path] = []
     started = time.monotonic()
     try:
-        binaries = build(args.cache, verbose=args.verbose, version=args.kubernetes_version)
+        release = _release_after_refresh(args.kubernetes_version)
+        binaries = build(args.cache, verbose=args.verbose, version=release)
         if args.helm or args.all:
             extras.append(build_helm(args.cache, verbose=args.verbose))
         if args.otelcol or args.all:
@@ -243,6 +275,34 @@ def cmd_image(args: argparse.Namespace) -> int:
     print(f"done in {time.monotonic() - started:.0f}s", file=sys.stderr)
     print(f"IMAGE={image.name}")
     print(f"ARCHIVE={image.archive}")
+    return 0
+
+
+def cmd_releases(args: argparse.Namespace) -> int:
+    if args.refresh:
+        refresh_releases()
+    default, newest = default_release(), newest_release()
+    if args.default:
+        print(default.minor)
+    elif args.newest:
+        print(newest.minor)
+    elif args.ci:
+        print(" ".join(ci_minors()))
+    elif args.minors:
+        print(" ".join(r.minor for r in releases()))
+    else:
+        for r in releases():
+            marks = [
+                m
+                for m, on in (
+                    ("default", r.minor == default.minor),
+                    ("newest", r.minor == newest.minor),
+                    ("pre-release", r.prerelease),
+                )
+                if on
+            ]
+            go = f", Go {r.go.removeprefix('go')}" if r.go else ""
+            print(f"{r.minor}\t{r.version}\tetcd {r.etcd}{go}\t{', '.join(marks)}".rstrip())
     return 0
 
 

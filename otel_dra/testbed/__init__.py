@@ -5,8 +5,6 @@
 """
 
 from otel_dra.testbed.build import (
-    ETCD_VERSION,
-    KUBERNETES_VERSION,
     Binaries,
     BinariesMissingError,
     BuildError,
@@ -16,7 +14,6 @@ from otel_dra.testbed.build import (
     find_or_build_binaries,
 )
 from otel_dra.testbed.controlplane import (
-    DEFAULT_FEATURE_GATES,
     KubectlError,
     Testbed,
     TestbedError,
@@ -24,11 +21,10 @@ from otel_dra.testbed.controlplane import (
     running,
     up,
 )
+from otel_dra.testbed.releases import DEFAULT_FEATURE_GATES
 
 __all__ = [
     "DEFAULT_FEATURE_GATES",
-    "ETCD_VERSION",
-    "KUBERNETES_VERSION",
     "Binaries",
     "BinariesMissingError",
     "BuildError",

@@ -34,131 +34,78 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-HELM_VERSION = "v3.21.4"
-# The node's container runtime (``testbed up --node``): a current 2.x release, which has CDI on by
-# default (Debian's containerd 1.6 has none).
-CONTAINERD_VERSION = "v2.4.2"
-
-# k8s.io/kubernetes requires its staging modules at v0.0.0 and relies on replace lines in its own
-# go.mod, which do not apply to a module that depends on it; the wrapper must replace each of them
-# with the published v0.<minor>.<patch> release matching the Kubernetes version.
-KUBERNETES_STAGING_MODULES = (
-    "api",
-    "apiextensions-apiserver",
-    "apimachinery",
-    "apiserver",
-    "cli-runtime",
-    "client-go",
-    "cloud-provider",
-    "cluster-bootstrap",
-    "code-generator",
-    "component-base",
-    "component-helpers",
-    "controller-manager",
-    "cri-api",
-    "cri-client",
-    "csi-translation-lib",
-    "dynamic-resource-allocation",
-    "endpointslice",
-    "externaljwt",
-    "kms",
-    "kube-aggregator",
-    "kube-controller-manager",
-    "kube-proxy",
-    "kube-scheduler",
-    "kubectl",
-    "kubelet",
-    "metrics",
-    "mount-utils",
-    "pod-security-admission",
-    "sample-apiserver",
-    "sample-cli-plugin",
-    "sample-controller",
+from otel_dra.testbed.errors import BuildError
+from otel_dra.testbed.releases import (
+    CONTAINERD_VERSION,
+    HELM_VERSION,
+    JAEGER_VERSION,
+    K8SATTRIBUTES_VERSION,
+    KUBERNETES_RELEASES,
+    KUBERNETES_STAGING_MODULES,
+    KUBERNETES_VERSION_ENV,
+    OCB_VERSION,
+    OTELCOL_CONTRIB_VERSION,
+    OTELCOL_CORE_VERSION,
+    OTELCOL_STABLE_VERSION,
+    PROMETHEUS_OPERATOR_VERSION,
+    UPSTREAM_DRIVER_VERSION,
+    KubernetesRelease,
+    default_cache_root,
+    default_release,
+    kubernetes_release,
+    minor_of,
+    newest_of_minor,
+    read_resolved,
+    releases,
+    version_key,
+    write_resolved,
 )
 
-# 1.36 added two staging modules.
-_STAGING_SINCE_1_36 = tuple(sorted((*KUBERNETES_STAGING_MODULES, "cri-streaming", "streaming")))
+# The names other modules import from here, now kept in the release table (releases.py).
+__all__ = [
+    "CONTAINERD_VERSION",
+    "HELM_VERSION",
+    "JAEGER_VERSION",
+    "KUBERNETES_RELEASES",
+    "KUBERNETES_STAGING_MODULES",
+    "KUBERNETES_VERSION_ENV",
+    "OCB_VERSION",
+    "OTELCOL_CONTRIB_VERSION",
+    "OTELCOL_CORE_VERSION",
+    "OTELCOL_STABLE_VERSION",
+    "UPSTREAM_DRIVER_VERSION",
+    "Binaries",
+    "BinariesMissingError",
+    "BuildError",
+    "KubernetesRelease",
+    "build",
+    "default_cache_root",
+    "find_binaries",
+    "kubernetes_release",
+    "refresh_releases",
+    "version_key",
+]
 
 # The kubelet is a node part (``testbed up --node``), built with the control plane from the same
 # wrapper module so that a node always runs the control plane's version.
 KUBERNETES_COMMANDS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl", "kubelet")
 
-
-def version_key(text: str) -> tuple[int, ...]:
-    """ "1.35", "v1.37.2" or a Go version "1.26" as a tuple that compares as versions do."""
-    return tuple(int(part) for part in text.strip().removeprefix("v").split("."))
-
-
-@dataclass(frozen=True)
-class KubernetesRelease:
-    """A Kubernetes minor the testbed can run: its newest patch on the Go module proxy, the etcd it
-    is tested with (``hack/lib/etcd.sh`` of its tree, at the newest patch of that etcd line), and
-    what of its own go.mod the wrapper module must repeat (godebug defaults, staging modules)."""
-
-    version: str
-    etcd: str
-    godebug: str
-    staging: tuple[str, ...]
-
-    @property
-    def minor(self) -> str:
-        return ".".join(self.version.removeprefix("v").split(".")[:2])
-
-
-# Supported: 1.34 up to the newest minor the module proxy serves. A new minor is one row.
-KUBERNETES_RELEASES: tuple[KubernetesRelease, ...] = (
-    KubernetesRelease("v1.34.4", etcd="v3.6.16", godebug="default=go1.24", staging=KUBERNETES_STAGING_MODULES),
-    KubernetesRelease("v1.35.4", etcd="v3.6.16", godebug="default=go1.25", staging=KUBERNETES_STAGING_MODULES),
-    KubernetesRelease("v1.36.3", etcd="v3.6.16", godebug="default=go1.26", staging=_STAGING_SINCE_1_36),
-    KubernetesRelease("v1.37.2", etcd="v3.7.3", godebug="default=go1.26", staging=_STAGING_SINCE_1_36),
-)
-# What `testbed build|up`, the demo, the sandbox, the benchmarks and the tests use unless told
-# otherwise (a flag, or this environment variable): "1.37", "v1.37" or "v1.37.2".
-KUBERNETES_VERSION_ENV = "OTEL_DRA_KUBERNETES_VERSION"
-DEFAULT_KUBERNETES_MINOR = "1.37"
-
-
-def kubernetes_release(spec: str | KubernetesRelease | None = None) -> KubernetesRelease:
-    """The release for ``spec`` (a minor such as "1.37", or a full version "v1.37.2"); None: the
-    environment's OTEL_DRA_KUBERNETES_VERSION, else the default minor."""
-    if isinstance(spec, KubernetesRelease):
-        return spec
-    text = (spec if spec is not None else os.environ.get(KUBERNETES_VERSION_ENV) or DEFAULT_KUBERNETES_MINOR).strip()
-    wanted = text.removeprefix("v")
-    for release in KUBERNETES_RELEASES:
-        if wanted in (release.minor, release.version.removeprefix("v")):
-            return release
-    served = ", ".join(release.minor for release in KUBERNETES_RELEASES)
-    source = f"{KUBERNETES_VERSION_ENV}={text!r}" if spec is None else repr(text)
-    raise BuildError(f"Kubernetes version {source} is not one the testbed builds (one of {served}, or their patch)")
-
-
-# The default release's versions (what a plain `otel-dra testbed build` builds).
-KUBERNETES_VERSION = kubernetes_release(DEFAULT_KUBERNETES_MINOR).version
-ETCD_VERSION = kubernetes_release(DEFAULT_KUBERNETES_MINOR).etcd
 # The control-plane rows below are written for the oldest supported release; control_plane()
 # derives every other release's rows from them.
 _OLDEST = KUBERNETES_RELEASES[0]
 
-# The Collector Builder (ocb) release and the component releases it assembles. Every component must
-# come from one Collector release: core v0.165.0 pairs with the stable core modules v1.71.0 and with
-# contrib v0.165.1. contrib's k8sattributesprocessor is versioned 1.x since it went stable (see
-# OTELCOL_REPLACES for why it is one release behind).
-OCB_VERSION = "v0.165.0"
-OTELCOL_CORE_VERSION = "v0.165.0"
-OTELCOL_STABLE_VERSION = "v1.71.0"
-OTELCOL_CONTRIB_VERSION = "v0.165.1"
-K8SATTRIBUTES_VERSION = "v1.3.1"
 OTELCOL_NAME = "otelcol-dra"
 OTELCOL_TITLE = "the OpenTelemetry Collector"
 
 _CORE = "go.opentelemetry.io/collector"
 _CONTRIB = "github.com/open-telemetry/opentelemetry-collector-contrib"
 
-# Jaeger v2 (a Collector distribution itself): tag v1.76.0 carries the v2.13.0 code. Its go.mod
-# replaces sarama; replace lines of a dependency do not apply, so the wrapper repeats it.
-JAEGER_VERSION = "v1.76.0"
+# Jaeger's go.mod replaces sarama; replace lines of a dependency do not apply, so the wrapper
+# repeats it.
 JAEGER_REPLACES = ("github.com/Shopify/sarama => github.com/Shopify/sarama v1.33.0",)
+
+# The Go stand-ins for modules the proxy refuses (see KubernetesRelease.standins).
+STANDINS_DIR = Path(__file__).with_name("standins")
 
 # Receives the human-readable status lines of a build (stderr by default).
 Progress = Callable[[str], None]
@@ -167,10 +114,6 @@ Progress = Callable[[str], None]
 _HEARTBEAT_SECONDS = 30.0
 # Lines of go output kept for the error message of a failed step (the full output goes to a log file).
 _ERROR_TAIL_LINES = 60
-
-
-class BuildError(RuntimeError):
-    """A peer could not be built (missing toolchain, module resolution or compile failure)."""
 
 
 class BinariesMissingError(BuildError):
@@ -221,6 +164,12 @@ class GoPeer:
     # warm cache would either keep a directory that lacks the new binary or have to rebuild it in
     # place, under the feet of every checkout that shares the cache.
     recipe_in_key: bool = False
+    # The Go toolchain the row needs where the machine's go is older ("go1.27.3"; the go command
+    # fetches it from the module proxy, GOTOOLCHAIN); "": the machine's.
+    toolchain: str | Callable[[GoPeer], str] = ""
+    # Local modules copied into the wrapper module beside go.mod (directories under standins/, each
+    # the stand-in for a module the proxy refuses; the row's replaces point at them).
+    local_modules: tuple[str, ...] | Callable[[GoPeer], tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
         if not self.packages:
@@ -250,6 +199,13 @@ class GoPeer:
                 "godebug": self.godebug,
                 "cgo": self.cgo,
                 "trimpath": self.trimpath,
+                # Only where set, so that the keys of the rows without them stay what they were.
+                **({"toolchain": self.go_toolchain()} if self.go_toolchain() else {}),
+                **(
+                    {"local": {name: _local_module_files(name) for name in self.go_local_modules()}}
+                    if self.go_local_modules()
+                    else {}
+                ),
             },
             sort_keys=True,
         )
@@ -275,18 +231,51 @@ class GoPeer:
     def go_replaces(self) -> tuple[str, ...]:
         return self.replaces(self) if callable(self.replaces) else self.replaces
 
+    def go_toolchain(self) -> str:
+        return self.toolchain(self) if callable(self.toolchain) else self.toolchain
+
+    def go_local_modules(self) -> tuple[str, ...]:
+        return self.local_modules(self) if callable(self.local_modules) else self.local_modules
+
+
+def _local_module_files(name: str) -> dict[str, str]:
+    """The files of the stand-in module standins/<name>, by path relative to it."""
+    base = STANDINS_DIR / name
+    if not base.is_dir():
+        raise BuildError(f"no stand-in module {name} under {STANDINS_DIR}")
+    return {str(path.relative_to(base)): path.read_text() for path in sorted(base.rglob("*")) if path.is_file()}
+
+
+def _release_of(peer: GoPeer) -> KubernetesRelease:
+    """The table row of a Kubernetes peer row's version (a tracking row's at any resolved version)."""
+    for row in KUBERNETES_RELEASES:
+        if row.minor == minor_of(peer.version):
+            return row
+    raise BuildError(f"Kubernetes {peer.version} is not a release of the table")
+
 
 def kubernetes_staging_replaces(peer: GoPeer) -> tuple[str, ...]:
     """k8s.io/<staging> => the v0.<minor>.<patch> release, for each staging module of the row's
-    release (KUBERNETES_RELEASES)."""
+    release (KUBERNETES_RELEASES), and each stand-in module => its local copy."""
     staging_version = "v0." + peer.version.removeprefix("v1.")
-    staging = kubernetes_release(peer.version).staging
-    return tuple(f"k8s.io/{name} => k8s.io/{name} {staging_version}" for name in staging)
+    release = _release_of(peer)
+    return (
+        *(f"k8s.io/{name} => k8s.io/{name} {staging_version}" for name in release.staging),
+        *(f"{module} => ./{module.rsplit('/', 1)[-1]}" for module in release.standins),
+    )
+
+
+def kubernetes_local_modules(peer: GoPeer) -> tuple[str, ...]:
+    return tuple(module.rsplit("/", 1)[-1] for module in _release_of(peer).standins)
+
+
+def kubernetes_toolchain(peer: GoPeer) -> str:
+    return _release_of(peer).go
 
 
 def kubernetes_version_ldflags(peer: GoPeer) -> str:
     # Without these the binaries report v0.0.0-master, which breaks /version and kubectl's skew check.
-    major, minor, _ = peer.version.removeprefix("v").split(".")
+    major, minor, _ = peer.version.removeprefix("v").split(".", 2)
     return (
         "-s -w"
         f" -X k8s.io/component-base/version.gitVersion={peer.version}"
@@ -324,6 +313,7 @@ KUBERNETES = GoPeer(
     # The control plane has always been built with the environment's cgo setting; forcing it either
     # way would make a fresh machine's binaries differ from the cached ones.
     cgo=None, title="Kubernetes", recipe_in_key=True,
+    toolchain=kubernetes_toolchain, local_modules=kubernetes_local_modules,
 )  # fmt: skip
 # A module build has no release ldflags for the Kubernetes version, so helm assumes an old one:
 # callers pass ``--kube-version`` to ``template``/``lint``.
@@ -362,7 +352,6 @@ CONTAINERD = GoPeer(
 # The upstream example driver's kubelet plugin, for bench.plugin's side-by-side comparison on a real
 # node only: never a product or CI peer (not in `make peers`, not built by `testbed build`). Its go.mod
 # has no replace lines; it needs Go 1.26 (k8s.io 0.36 modules).
-UPSTREAM_DRIVER_VERSION = "v0.4.0"
 UPSTREAM_DRIVER = GoPeer(
     "dra-example-driver", UPSTREAM_DRIVER_VERSION, "sigs.k8s.io/dra-example-driver",
     packages=("sigs.k8s.io/dra-example-driver/cmd/dra-example-kubeletplugin",), ldflags="-s -w", trimpath=True,
@@ -417,12 +406,6 @@ def _binary_name(field_name: str) -> str:
     return field_name.replace("_", "-")
 
 
-def default_cache_root() -> Path:
-    """``$OTEL_DRA_CACHE``, else ``~/.cache/otel-dra``: shared by every checkout on the machine."""
-    env = os.environ.get("OTEL_DRA_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "otel-dra"
-
-
 def resolve_cache_root(cache_root: Path | None) -> Path:
     return (cache_root if cache_root is not None else default_cache_root()).expanduser().resolve()
 
@@ -443,7 +426,7 @@ def find_binaries(cache_root: Path | None = None, version: str | KubernetesRelea
     missing = binaries.missing()
     if missing:
         listed = ", ".join(str(path) for path in missing)
-        flag = "" if release.minor == DEFAULT_KUBERNETES_MINOR else f" --kubernetes-version {release.minor}"
+        flag = "" if release.minor == default_release().minor else f" --kubernetes-version {release.minor}"
         raise BinariesMissingError(
             f"testbed binaries are not built yet (missing: {listed}); "
             f"run `otel-dra testbed build{flag}` first (takes a while the first time)"
@@ -512,7 +495,10 @@ def wrapper_files(peer: GoPeer) -> dict[str, str]:
         import_block = f'import _ "{imports[0]}"\n'
     else:
         import_block = "import (\n" + "".join(f'\t_ "{package}"\n' for package in imports) + ")\n"
-    return {"go.mod": "\n\n".join(stanzas) + "\n", "tools.go": "//go:build tools\npackage tools\n" + import_block}
+    files = {"go.mod": "\n\n".join(stanzas) + "\n", "tools.go": "//go:build tools\npackage tools\n" + import_block}
+    for name in peer.go_local_modules():
+        files.update({f"{name}/{path}": text for path, text in _local_module_files(name).items()})
+    return files
 
 
 def go_build_command(peer: GoPeer, out_dir: Path) -> list[str]:
@@ -533,10 +519,31 @@ def go_build_command(peer: GoPeer, out_dir: Path) -> list[str]:
 
 
 def go_build_environment(peer: GoPeer, env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` (see :func:`go_environment`) with the row's cgo setting."""
+    """``env`` (see :func:`go_environment`) with the row's toolchain and cgo setting."""
+    env = toolchain_environment(peer, env)
     if peer.cgo is None:
-        return dict(env)
+        return env
     return {**env, "CGO_ENABLED": "1" if peer.cgo else "0"}
+
+
+def toolchain_environment(peer: GoPeer, env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with GOTOOLCHAIN set to the row's toolchain where the machine's go is older: the go
+    command then fetches that toolchain from the module proxy like a module (into GOMODCACHE, once)."""
+    wanted = peer.go_toolchain()
+    if wanted and version_key(local_go_version()) < version_key(wanted.removeprefix("go")):
+        return {**env, "GOTOOLCHAIN": wanted}
+    return dict(env)
+
+
+def local_go_version() -> str:
+    """The machine's go version ("1.26.8"), asked without letting go switch toolchains."""
+    result = subprocess.run(
+        ["go", "env", "GOVERSION"], env={**os.environ, "GOTOOLCHAIN": "local"}, capture_output=True, text=True
+    )
+    text = result.stdout.strip().removeprefix("go")
+    if result.returncode != 0 or not text:
+        raise BuildError(f"`go env GOVERSION` failed: {result.stderr.strip()}")
+    return text.split("-")[0].split(" ")[0]
 
 
 # The per-peer names from before the table, kept for their callers.
@@ -577,6 +584,7 @@ def _ensure_wrapper(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for filename, content in files.items():
+        (tmp / filename).parent.mkdir(parents=True, exist_ok=True)
         (tmp / filename).write_text(content)
     # -e: the tools.go imports of main packages make tidy report errors it can safely skip.
     _run_step(
@@ -716,7 +724,14 @@ def _build_row(root: Path, peer: GoPeer, env: Mapping[str, str], progress: Progr
     """The generic recipe: tidy the row's wrapper module, then one ``go build`` into ``bin/<key>``."""
 
     def run_build(out_dir: Path) -> None:
-        src = _ensure_wrapper(root, peer.key, wrapper_files(peer), env=env, progress=progress, verbose=verbose)
+        src = _ensure_wrapper(
+            root,
+            peer.key,
+            wrapper_files(peer),
+            env=toolchain_environment(peer, env),
+            progress=progress,
+            verbose=verbose,
+        )
         _run_step(
             f"{peer.key}: go build {peer.label or ' '.join(peer.binaries)}",
             go_build_command(peer, out_dir),
@@ -728,6 +743,76 @@ def _build_row(root: Path, peer: GoPeer, env: Mapping[str, str], progress: Progr
         )
 
     _build_into(peer.bin_dir(root), peer.binaries, run_build)
+
+
+def served_versions(module: str, env: Mapping[str, str] | None = None) -> list[str]:
+    """Every version of ``module`` the module proxy lists (``go list -m -versions``), pre-releases
+    included."""
+    _require_go(f"to ask the module proxy for {module}", "1.24")
+    result = subprocess.run(
+        ["go", "list", "-m", "-versions", module],
+        # Outside any module (a wrapper's go.mod would not matter, and GOFLAGS=-mod=mod is refused there).
+        env={**(env if env is not None else go_environment()), "GOFLAGS": ""},
+        cwd=os.sep,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if result.returncode != 0:
+        raise BuildError(f"go list -m -versions {module} failed: {result.stderr.strip()}")
+    return result.stdout.split()[1:]
+
+
+def refresh_releases(progress: Progress = _to_stderr) -> tuple[KubernetesRelease, ...]:
+    """Ask the module proxy for the newest release of each tracking row's minor and keep the answer
+    (``<cache>/releases.json``). An unreachable proxy keeps what was resolved before (one line
+    says so): the testbed then builds and runs what it last knew."""
+    tracking = [row for row in KUBERNETES_RELEASES if row.tracks]
+    if not tracking:
+        return releases()
+    known = read_resolved()
+    try:
+        served = served_versions("k8s.io/kubernetes")
+    except (BuildError, OSError, subprocess.TimeoutExpired) as exc:
+        kept = ", ".join(f"{m} {v}" for m, v in sorted(known.items())) or "the table's floors"
+        progress(f"could not ask the module proxy for Kubernetes releases ({exc}); keeping {kept}")
+        return releases()
+    resolved = {**known, **{row.minor: newest_of_minor(row, served) for row in tracking}}
+    for row in tracking:
+        if resolved[row.minor] != known.get(row.minor):
+            progress(f"Kubernetes {row.minor}: the newest release served is {resolved[row.minor]}")
+    write_resolved(resolved)
+    return releases()
+
+
+def check_staging(peer: GoPeer, root: Path) -> None:
+    """Fail before a long build when the row's staging modules are not those that the release's own
+    go.mod replaces with ./staging/src/k8s.io/<name> (a new minor that added or dropped one)."""
+    _require_go(peer.title, peer.min_go)
+    env = toolchain_environment(peer, {**go_environment(root), "GOFLAGS": ""})
+    try:
+        result = subprocess.run(
+            ["go", "mod", "download", "-json", f"{peer.module}@{peer.version}"],
+            env=env,
+            cwd=os.sep,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        go_mod = Path(json.loads(result.stdout)["GoMod"]).read_text()
+    except (ValueError, KeyError, TypeError, OSError, subprocess.TimeoutExpired):
+        return  # not downloadable: the wrapper's `go mod tidy` reports why, with its log
+    own = {
+        line.split()[0].removeprefix("k8s.io/")
+        for line in go_mod.splitlines()
+        if "=> ./staging/src/k8s.io/" in line and line.strip().startswith("k8s.io/")
+    }
+    row = set(_release_of(peer).staging)
+    if own != row:
+        raise BuildError(
+            f"Kubernetes {peer.version}: its go.mod replaces the staging modules {sorted(own - row)} that the "
+            f"release table lacks, and not {sorted(row - own)} that it names (fix the row's `staging`)"
+        )
 
 
 def build(
@@ -751,6 +836,7 @@ def build(
     if _all_built(root, peers):
         progress(f"testbed binaries already built under {root / 'bin'}")
         return binaries
+    check_staging(peers[0], root)
     _build_peers(root, peers, "the testbed's etcd and Kubernetes binaries from source", progress, verbose)
     missing = binaries.missing()
     if missing:  # pragma: no cover - _build_into already checks each directory
@@ -806,7 +892,6 @@ def find_jaeger(cache_root: Path | None = None) -> Path:
 
 # --- prometheus-operator CRDs (chart tests) --------------------------------------------------------
 
-PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
 PROMETHEUS_OPERATOR_CRDS = ("servicemonitors", "podmonitors", "prometheusrules")
 
 

@@ -29,7 +29,12 @@ from typing import Any
 
 import yaml
 
-from otel_dra.testbed.build import Binaries, KubernetesRelease, find_binaries, kubernetes_release
+from otel_dra.testbed.build import Binaries, find_binaries
+from otel_dra.testbed.releases import (
+    KUBERNETES_RELEASES,
+    KubernetesRelease,
+    kubernetes_release,
+)
 
 ETCD = "etcd"
 APISERVER = "kube-apiserver"
@@ -54,69 +59,15 @@ POD_CONTROLLERS = (
     "replicaset-controller",
     "daemonset-controller",
 )
-# Alpha DRA features whose fields the exporter reads: without them the API server drops the fields
-# (and may then reject the object, e.g. a slice without `perDeviceNodeSelection`). The exporter must
-# handle every v1 shape, so the testbed accepts them:
-# - DRAPartitionableDevices: perDeviceNodeSelection, sharedCounters, consumesCounters;
-# - DRADeviceTaints: device taints in slices, DeviceTaintRule (served only with
-#   DEVICE_TAINT_RULE_API; the scheduler then watches DeviceTaintRules, see `up`);
-# - DRAConsumableCapacity: allowMultipleAllocations, requestPolicy, consumedCapacity, shareID;
-# - DRADeviceBindingConditions: status.allocation.allocationTimestamp (set by the scheduler);
-# - DRAExtendedResource: DeviceClass spec.extendedResourceName.
-DEFAULT_FEATURE_GATES: Mapping[str, bool] = {
-    "DRAPartitionableDevices": True,
-    "DRADeviceTaints": True,
-    "DRAConsumableCapacity": True,
-    "DRADeviceBindingConditions": True,
-    "DRAExtendedResource": True,
-}
-# The alpha API version that serves DeviceTaintRules in Kubernetes 1.34.
-DEVICE_TAINT_RULE_API = "resource.k8s.io/v1alpha3"
+# What each release needs switched on lives in its row of the release table.
+ReleaseSettings = KubernetesRelease
+RELEASE_SETTINGS: Mapping[str, KubernetesRelease] = {row.minor: row for row in KUBERNETES_RELEASES}
 
 
-@dataclass(frozen=True)
-class ReleaseSettings:
-    """What a Kubernetes minor needs switched on for the DRA features the tests use.
-
-    ``feature_gates`` lists only gates that are off by default in that minor (a GA gate locked on
-    is refused when set to false and warned about when set at all). ``taint_rule_api`` is the API
-    version that serves DeviceTaintRules where it must be enabled with --runtime-config (None: served
-    by default): with ``taint_rule_gate`` on, kube-scheduler waits for a DeviceTaintRule informer to
-    sync, which never happens unless the API server serves them.
-    """
-
-    feature_gates: Mapping[str, bool]
-    taint_rule_api: str | None = None
-    taint_rule_gate: str = ""
-
-    @property
-    def served_taint_rule_api(self) -> str:
-        """The API version DeviceTaintRules are created in on this minor's testbed."""
-        return self.taint_rule_api or "resource.k8s.io/v1"
-
-
-# Gate states per minor are those of pkg/features/kube_features.go of each release.
-RELEASE_SETTINGS: Mapping[str, ReleaseSettings] = {
-    "1.34": ReleaseSettings(DEFAULT_FEATURE_GATES, DEVICE_TAINT_RULE_API, "DRADeviceTaints"),
-    # 1.35 split DRADeviceTaintRules (alpha) out of DRADeviceTaints.
-    "1.35": ReleaseSettings(
-        {**DEFAULT_FEATURE_GATES, "DRADeviceTaintRules": True}, DEVICE_TAINT_RULE_API, "DRADeviceTaintRules"
-    ),
-    # 1.36: the other DRA gates are beta and on; DeviceTaintRules are beta, off, served by v1beta2.
-    # DRAListTypeAttributes (alpha): list-typed device attributes (bools, ints, strings, versions).
-    "1.36": ReleaseSettings(
-        {"DRADeviceTaintRules": True, "DRAListTypeAttributes": True}, "resource.k8s.io/v1beta2", "DRADeviceTaintRules"
-    ),
-    # 1.37: device taints and DeviceTaintRules are GA (v1), the rest beta and on. Alpha:
-    # DRAListTypeAttributes, and DRAOptionalNodeOperations (skipNodeOperations on slices and
-    # allocation results).
-    "1.37": ReleaseSettings({"DRAListTypeAttributes": True, "DRAOptionalNodeOperations": True}),
-}
-
-
-def release_settings(version: str | KubernetesRelease | None = None) -> ReleaseSettings:
-    """The settings of a release (default: the testbed's Kubernetes version, see kubernetes_release)."""
-    return RELEASE_SETTINGS[kubernetes_release(version).minor]
+def release_settings(version: str | KubernetesRelease | None = None) -> KubernetesRelease:
+    """The row of a release (default: the testbed's Kubernetes version, see kubernetes_release):
+    its feature gates and where it serves DeviceTaintRules."""
+    return kubernetes_release(version)
 
 
 ADMIN_USER = "otel-dra-admin"
@@ -429,6 +380,9 @@ def up(
     settings = release_settings(release)
     if feature_gates is None:
         feature_gates = settings.feature_gates
+    refused = settings.gate_errors(feature_gates)
+    if refused:
+        raise TestbedError("; ".join(refused))
     dir = dir.expanduser().resolve()
     dir.mkdir(parents=True, exist_ok=True)
     if (dir / "state.json").exists():
