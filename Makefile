@@ -83,15 +83,16 @@ test: lint peers
 	$(BIN)/pytest $(PYTEST_ARGS) tests/fuzz
 	$(BIN)/pytest $(PYTEST_ARGS) --ignore=tests/fuzz
 
-# The integration tests against another Kubernetes minor's control plane (built into the cache the
-# first time, about 11 minutes on 2 cores): `make test-integration KUBERNETES_MINOR=1.34`.
+# The integration tests against another Kubernetes minor's control plane and kubelet (built into the
+# cache the first time, about 11 minutes on 2 cores): `make test-integration KUBERNETES_MINOR=1.34`.
+# `otel-dra testbed releases` lists the minors; 1.38 builds with Go 1.27 (GOTOOLCHAIN, set by the build).
 KUBERNETES_MINOR ?= 1.34
 test-integration: peers
 	$(BIN)/otel-dra testbed build --kubernetes-version $(KUBERNETES_MINOR)
 	OTEL_DRA_KUBERNETES_VERSION=$(KUBERNETES_MINOR) $(BIN)/pytest -m testbed $(PYTEST_ARGS)
 
-# The integration tests on every supported minor, one after the other.
-KUBERNETES_MINORS ?= 1.34 1.35 1.36 1.37
+# The integration tests on every supported minor, one after the other (the release table's minors).
+KUBERNETES_MINORS ?= $(shell $(BIN)/otel-dra testbed releases --minors 2>/dev/null)
 test-versions: peers
 	@set -e; for minor in $(KUBERNETES_MINORS); do \
 		echo "=== Kubernetes $$minor"; \

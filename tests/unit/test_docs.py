@@ -197,3 +197,13 @@ def test_process_families_documented():
         if len(cells) == 5 and cells[0] not in ("Prometheus name", "---"):
             rows[cells[0]] = (cells[1], cells[4])
     assert rows == PROCESS_FAMILIES
+
+
+def test_the_testbed_release_table_is_the_tables_own() -> None:
+    """docs/testbed.md's release table is generated from otel_dra/testbed/releases.py (the command is
+    in the comment above the table)."""
+    from otel_dra.testbed.releases import release_table
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "testbed.md").read_text()
+    begin, end = text.index("-->\n", text.index("<!-- releases:begin")) + 4, text.index("<!-- releases:end -->")
+    assert text[begin:end] == release_table()
