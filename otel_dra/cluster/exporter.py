@@ -104,6 +104,7 @@ class _Watched(NamedTuple):
     listener: Listener[Any] | None  # the joins' hook
     discover: Callable[[KubeClient], ResourceType | None] | None = None  # where it is served
     optional: bool = False  # may be missing (not served, or not allowed) without being out of sync
+    on_connect: Callable[[], None] | None = None  # at start-up and after reconnects (Reflector)
 
 
 def object_families(
@@ -159,6 +160,13 @@ class ClusterState:
         # The slim objects keep only the optional fields that a served family reads.
         serving = [*(f for fs in own.values() for f in families.select(fs)), *self.joins.families]
         keep = {name for f in serving for name in f.fields}
+        # The API server's version decides what a DeviceTaintRule without a device selector matches
+        # (every device before v1.37.1, none since), which only the joins' free-device counts use:
+        # it is read by the rules' reflector, before its first list and after every reconnect, so
+        # that an in-place upgrade is seen, and not at all when no served family needs the rules.
+        self.server_version: devicetaintrule.ServerVersion | None = None
+        if devicetaintrule.RESOURCE.plural in self.joins.reads:
+            self.server_version = devicetaintrule.ServerVersion(client, self.joins.set_server_version)
         resources = [
             _Watched(resourceclaim.RESOURCE, resourceclaim.make_parser(keep), shard.owns, self.joins.claims_changed),
             _Watched(
@@ -175,6 +183,7 @@ class ClusterState:
                 shard.first_only(),
                 self.joins.rules_changed,
                 discover=devicetaintrule.discover,
+                on_connect=self.server_version.refresh if self.server_version is not None else None,
             ),
         ]
         if pods:
@@ -214,6 +223,7 @@ class ClusterState:
                     page_size=page_size,
                     discover=watched.discover,
                     optional=watched.optional,
+                    on_connect=watched.on_connect,
                 )
             )
         self.claims = by_resource.get(resourceclaim.RESOURCE.plural)

@@ -73,3 +73,15 @@ def skipped_operations(raw: Any) -> tuple[str, ...]:
         elif isinstance(value, str) and value:
             out[value] = None
     return tuple(out)
+
+
+def capacity_name(name: str, driver: str) -> str:
+    """A capacity's name as the joins compare it: without its domain when that is the driver's.
+
+    Since Kubernetes 1.38 a capacity in the driver's own domain may be named either way, in a
+    slice's ``capacity`` and in a claim's ``consumedCapacity`` and capacity requests alike
+    (``gpu.example.com/memory`` and ``memory`` of a device of driver ``gpu.example.com``), so
+    consumed and available capacity are matched on this form; a name in another domain is its own
+    capacity and stays as written."""
+    domain, slash, ident = name.rpartition("/")
+    return ident if slash and domain == driver else name

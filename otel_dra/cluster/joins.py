@@ -13,7 +13,9 @@ change touches:
   slice change) re-evaluates the slices of that pool generation that define or consume that set;
 - a DeviceClass change re-prices the claims allocated through it;
 - a DeviceTaintRule change re-evaluates the slices of the driver (and pool) it selects (rules are
-  few and change rarely).
+  few and change rarely); so does a new API server version for the rules without a device
+  selector, which match every device before Kubernetes v1.37.1 and none since
+  (:meth:`Joins.set_server_version`).
 
 So the work per change is bounded by the objects it touches (a slice has at most 128 devices), not
 by the size of the cluster. Changes of one full relist are applied as one batch, and each touched
@@ -40,8 +42,9 @@ from typing import Any
 from otel_dra.cluster.deviceclass import RESOURCE as DEVICECLASSES
 from otel_dra.cluster.deviceclass import DeviceClass
 from otel_dra.cluster.devicetaintrule import RESOURCE as DEVICETAINTRULES
-from otel_dra.cluster.devicetaintrule import DeviceTaintRule
+from otel_dra.cluster.devicetaintrule import DeviceTaintRule, absent_selector_matches_all
 from otel_dra.cluster.families import Family, Sample, family
+from otel_dra.cluster.fields import capacity_name
 from otel_dra.cluster.resourceclaim import RESOURCE as RESOURCECLAIMS
 from otel_dra.cluster.resourceclaim import Claim
 from otel_dra.cluster.resourceslice import BLOCKING_EFFECTS, COUNTER_LABELS, DEVICE_LABELS, Amounts, Device, Slice
@@ -49,6 +52,7 @@ from otel_dra.cluster.resourceslice import RESOURCE as RESOURCESLICES
 from otel_dra.cluster.selection import EVERYTHING, FamilySelection
 from otel_dra.cluster.sharding import Shard
 from otel_dra.cluster.store import SEGMENT, Change, SeriesStore
+from otel_dra.kube.version import KubeVersion
 
 log = logging.getLogger(__name__)
 
@@ -483,7 +487,11 @@ def evaluate(
             for cap, value in amounts:
                 sums[cap] = sums.get(cap, 0.0) + value
         allocated.append(count > 0)
-        capacity.append(tuple((cap, sums.get(cap, 0.0)) for cap, _ in d.capacities) if d.multi else None)
+        # Claims name consumed capacity as capacity_name spells it (the driver's domain dropped);
+        # the device keeps its own spelling, which its series show.
+        capacity.append(
+            tuple((cap, sums.get(capacity_name(cap, s.driver), 0.0)) for cap, _ in d.capacities) if d.multi else None
+        )
         if count:
             _consume(counter_use, d)
     left: dict[tuple[str, str], float] = {}
@@ -652,6 +660,10 @@ class Joins:
         self._uses: dict[DevKey, dict[str, Use]] = {}  # device -> claim key -> use
         self._classes: dict[str, DeviceClass] = {}
         self._rules: dict[str, DeviceTaintRule] = {}  # blocking, evaluable DeviceTaintRules
+        # What a rule without spec.deviceSelector matches on the API server's release: every device
+        # before v1.37.1, none since. Until the version is read (or when it cannot be), the newest
+        # releases' semantics (see devicetaintrule.absent_selector_matches_all).
+        self._absent_matches_all = absent_selector_matches_all(None)
         # Owned, allocated claims, for re-pricing when a class changes.
         self._priced: dict[str, Claim] = {}
         self._claims_of_class: dict[str, set[str]] = {}
@@ -706,9 +718,10 @@ class Joins:
                     self._rules[key] = new
                 else:
                     self._rules.pop(key, None)
-                # The slices the rule may select (before and after the change) are re-evaluated.
+                # The slices the rule may select (before and after the change) are re-evaluated; a
+                # rule that selects nothing on this release (no selector, since v1.37.1) has none.
                 for rule in (old, new):
-                    if rule is None:
+                    if rule is None or not self._selects_devices(rule):
                         continue
                     drivers = [rule.driver] if rule.driver else list(self._slices_of_driver)
                     for driver in drivers:
@@ -717,8 +730,30 @@ class Joins:
                         )
             self._flush()
 
+    def set_server_version(self, version: KubeVersion | None) -> None:
+        """The API server's version (None: unknown), read at start-up and after reconnects. When it
+        changes what a rule without a device selector matches (every device or none), every slice
+        is evaluated again, once: only if such a rule exists, and only on an upgrade or downgrade
+        across v1.37.1."""
+        matches_all = absent_selector_matches_all(version)
+        with self._lock:
+            if matches_all == self._absent_matches_all:
+                return
+            self._absent_matches_all = matches_all
+            if not self._tainting or all(r.selector_present for r in self._rules.values()):
+                return
+            for keys in self._slices_of_driver.values():
+                self._dirty_slices.update(keys)
+            self._flush()
+
+    def _selects_devices(self, rule: DeviceTaintRule) -> bool:
+        """False for a rule without spec.deviceSelector where such a rule matches no device."""
+        return rule.selector_present or self._absent_matches_all
+
     def _rules_for(self, s: Slice) -> list[tuple[str, str]]:
-        return [(r.pool, r.device) for r in self._rules.values() if r.driver in ("", s.driver)]
+        return [
+            (r.pool, r.device) for r in self._rules.values() if r.driver in ("", s.driver) and self._selects_devices(r)
+        ]
 
     def tick(self) -> None:
         """Bring time-based series up to date (called before each scrape and push)."""

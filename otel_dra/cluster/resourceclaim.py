@@ -7,7 +7,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_dra.cluster.families import Family, Sample, family
-from otel_dra.cluster.fields import condition_states, conditions, optional_time, parse_time, skipped_operations
+from otel_dra.cluster.fields import (
+    capacity_name,
+    condition_states,
+    conditions,
+    optional_time,
+    parse_time,
+    skipped_operations,
+)
 from otel_dra.kube.quantity import parse_quantity
 from otel_dra.kube.reflector import ResourceType
 
@@ -26,7 +33,9 @@ class Result:
     pool: str
     device: str
     admin: bool = False  # adminAccess: not consumption
-    consumed: tuple[tuple[str, float], ...] = ()  # consumedCapacity
+    # consumedCapacity, each name as fields.capacity_name spells it (the driver's domain dropped:
+    # since 1.38 "gpu.example.com/memory" and "memory" are the same capacity of that driver's device).
+    consumed: tuple[tuple[str, float], ...] = ()
     share_id: str = ""  # shareID: one allocation of a device that allows several
     # skipNodeOperations (Kubernetes 1.37, DRAOptionalNodeOperations), "*" spelled out as
     # NODE_OPERATIONS: the kubelet calls the driver for an operation only if some device needs it.
@@ -73,6 +82,9 @@ class Claim:
     conditions: tuple[tuple[str, str, str, str, str, str], ...] = ()
     source: str = ""  # one of SOURCES, from the annotations Kubernetes sets on claims it makes
     binding: tuple[Binding, ...] = ()  # results with bindingConditions, in result order
+    # status.reservedFor of every kind: (consumer kind, name), see consumer_kind. Pods and, since
+    # Kubernetes 1.38 (gang scheduling), PodGroups; in the claim's namespace, as the API has it.
+    consumers: tuple[tuple[str, str], ...] = ()
 
     @property
     def key(self) -> str:
@@ -142,16 +154,40 @@ def _request_classes(spec: Any) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def _consumed(raw: Any, report: Callable[[str], None]) -> tuple[tuple[str, float], ...]:
+def _consumed(raw: Any, driver: str, report: Callable[[str], None]) -> tuple[tuple[str, float], ...]:
     if not isinstance(raw, dict):
         return ()
-    out = []
+    out: dict[str, float] = {}
     for name, value in raw.items():
         try:
-            out.append((str(name), parse_quantity(value)))
+            amount = parse_quantity(value)
         except ValueError as exc:
             report(f"consumedCapacity {name}: {exc}; ignored")
-    return tuple(out)
+            continue
+        # Both spellings of one capacity in one result (which the API should not let through) are
+        # one capacity: summed, as two results naming it would be.
+        key = capacity_name(str(name), driver)
+        out[key] = out.get(key, 0.0) + amount
+    return tuple(out.items())
+
+
+# Consumer kinds (the consumer_kind label) of the status.reservedFor entries Kubernetes writes:
+# pods (apiGroup "", resource pods) and PodGroups (scheduling.k8s.io, gang scheduling, 1.38).
+POD, PODGROUP = "pod", "podgroup"
+_KINDS = {("", "pods"): POD, ("scheduling.k8s.io", "podgroups"): PODGROUP}
+
+
+def consumer_kind(consumer: dict[str, Any]) -> str:
+    """A reservedFor entry's kind: ``pod``, ``podgroup``, or for any other resource its name as
+    kubectl spells it, ``<resource>.<apiGroup>`` (``<resource>`` in the core group; "" when the
+    entry names none). Bounded by the resource types a cluster has."""
+    group, resource = consumer.get("apiGroup") or "", consumer.get("resource") or ""
+    if not isinstance(group, str) or not isinstance(resource, str):
+        return ""  # not what the API server writes; the entry still counts as a consumer
+    known = _KINDS.get((group, resource))
+    if known is not None:
+        return known
+    return f"{resource}.{group}" if resource and group else resource
 
 
 Condition = tuple[str, str, str, str, str, str]  # driver, pool, device, share_id, type, status
@@ -254,6 +290,7 @@ FIELDS = frozenset(
         "conditions",
         "source",
         "binding",
+        "consumers",
     }
 )
 
@@ -302,21 +339,26 @@ def _parse(obj: dict[str, Any], report: Callable[[str], None], keep: frozenset[s
                         pool=pool,
                         device=device,
                         admin=result.get("adminAccess") is True,
-                        consumed=_consumed(result.get("consumedCapacity"), report),
+                        consumed=_consumed(result.get("consumedCapacity"), driver, report),
                         share_id=_str(result.get("shareID")) or "",
                         skips=skipped_operations(result.get("skipNodeOperations")),
                     )
                 )
     pods: list[tuple[str, str]] = []
+    consumers: list[tuple[str, str]] = []
     reserved = status.get("reservedFor") or []
     if not isinstance(reserved, list):
         report("status.reservedFor is not a list")
         reserved = []
-    for consumer in reserved if "pods" in keep else ():
+    want_pods, want_consumers = "pods" in keep, "consumers" in keep
+    for consumer in reserved if want_pods or want_consumers else ():
         if not isinstance(consumer, dict):
             continue
-        if (consumer.get("apiGroup") or "") == "" and consumer.get("resource") == "pods":
+        kind = consumer_kind(consumer)
+        if want_pods and kind == POD:
             pods.append((str(consumer.get("name", "")), str(consumer.get("uid", ""))))
+        if want_consumers:
+            consumers.append((kind, str(consumer.get("name", ""))))
     unreserved = has_allocation and not reserved
     allocated_at: float | None = None
     if "allocation_time" in keep or "binding" in keep:
@@ -338,6 +380,7 @@ def _parse(obj: dict[str, Any], report: Callable[[str], None], keep: frozenset[s
         conditions=_conditions(status, report) if "conditions" in keep else (),
         source=_source(meta) if "source" in keep else "",
         binding=_binding(results, status, allocated_at) if "binding" in keep else (),
+        consumers=tuple(consumers),
     )
 
 
@@ -356,6 +399,16 @@ def _reserved_for_pod(c: Claim) -> Iterable[Sample]:
 
 def _reserved_total(c: Claim) -> Iterable[Sample]:
     yield (c.name, c.namespace), float(len(c.pods))
+
+
+def _consumers(c: Claim) -> Iterable[Sample]:
+    # The API keys reservedFor by uid; two entries of one kind and name (a consumer recreated
+    # under its name before the old one was removed) are one series of value 2.
+    counts: dict[tuple[str, str], int] = {}
+    for consumer in c.consumers:
+        counts[consumer] = counts.get(consumer, 0) + 1
+    for (kind, name), count in counts.items():
+        yield (c.name, c.namespace, kind, name), float(count)
 
 
 # The seed's compatibility families: names, labels and values kept byte for byte.
@@ -478,6 +531,15 @@ STATE_FAMILIES: tuple[Family[Claim], ...] = (
         ("resourceclaim_name", "namespace", "phase"),
         _phase,
         stability="experimental",
+    ),
+    family(
+        "kube_resourceclaim_status_reserved_for_consumer",
+        "{consumer}",
+        "Consumers reserving the ResourceClaim (status.reservedFor), of every kind: pod, podgroup, or the resource.",
+        ("resourceclaim_name", "namespace", "consumer_kind", "consumer_name"),
+        _consumers,
+        stability="experimental",
+        fields=("consumers",),
     ),
     family(
         "kube_resourceclaim_created_timestamp",

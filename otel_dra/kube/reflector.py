@@ -24,6 +24,12 @@ only when it changes (or the resource comes back after being unavailable). When 
 not serve it, or RBAC does not allow listing or watching it, the handler is emptied, the reason is
 logged once, the cache counts as in sync (it holds, correctly, nothing), and the list is tried
 again every ``unavailable_retry`` seconds.
+
+``on_connect``, when given, is called in the reflector's thread whenever what the API server is may
+have changed: before the first list (and before the first list after an optional resource was
+unavailable), and each time a list or a watch succeeds after a failure. A normal reconnect (the
+watch's server-side timeout, every few minutes) does not call it. The exporter re-reads the API
+server's version there: an upgrade restarts the API server, which breaks every watch.
 """
 
 from __future__ import annotations
@@ -125,14 +131,16 @@ class Reflector:
         discover: Callable[[KubeClient], ResourceType | None] | None = None,
         unavailable_retry: float = 300.0,
         optional: bool = False,
+        on_connect: Callable[[], None] | None = None,
     ) -> None:
         """``optional`` makes the resource optional (see the module notes); so does ``discover``,
         which returns where the resource is served (its group version may differ between
-        clusters), or None."""
+        clusters), or None. ``on_connect``: see the module notes (an exception it raises is logged)."""
         self.client = client
         self.field_selector = field_selector  # e.g. "spec.nodeName=node-1": list and watch alike
         self.resource = resource
         self.discover = discover
+        self.on_connect = on_connect
         self.optional = optional or discover is not None
         self.unavailable_retry = unavailable_retry
         self._unavailable: str | None = None
@@ -168,7 +176,8 @@ class Reflector:
             self._has_synced = self._has_synced or listed
             self._broken_since = None
             self._last_sync_wall = time.time()
-            if self._error is not None:
+            recovered = self._error is not None
+            if recovered:
                 log.info("%s: recovered", self.resource.plural)
             if listed and self.optional:
                 back = self._unavailable is not None
@@ -185,6 +194,16 @@ class Reflector:
                 self._unavailable = None
             self._error = None
             self._logged_error = None
+        if recovered:
+            self._connected()  # outside the lock: it makes requests
+
+    def _connected(self) -> None:
+        if self.on_connect is None:
+            return
+        try:
+            self.on_connect()
+        except Exception:  # the hook's bug must not stop the list and watch
+            log.exception("%s: on_connect failed", self.resource.plural)
 
     def _set_unavailable(self, reason: str) -> None:
         self.handler.replace(())
@@ -237,10 +256,14 @@ class Reflector:
         resource_version: str | None = None
         since = ""  # the last version seen, for a relist ("": none, the initial list)
         relist_reason = "initial"
+        connecting = True  # on_connect is due before the next list (the first, or after unavailable)
         while not self._stop.is_set():
             server_wait: float | None = None  # the Retry-After of the failed request, if any
             try:
                 if resource_version is None:
+                    if connecting:
+                        connecting = False
+                        self._connected()
                     if relist_reason != "initial" and self.events:
                         self.events.relist(self.resource.plural, relist_reason)
                     resource_version = self._list(since)
@@ -258,6 +281,7 @@ class Reflector:
                 break
             except _Unavailable as exc:
                 self._set_unavailable(str(exc))
+                connecting = True
                 since = ""
                 resource_version, relist_reason = None, "initial"
                 delay = self.backoff[0]

@@ -3,7 +3,9 @@
 the scheduler testbed only, `v1` from 1.37 on by default. Where they are served the exporter reports
 them from the newest version; where they are not, or RBAC forbids them, it logs it once and serves
 everything else. From 1.35 on, kube-controller-manager's device-taint-eviction controller writes a
-rule's EvictionInProgress condition, which the exporter reports."""
+rule's EvictionInProgress condition, which the exporter reports. A rule without a device selector
+matches every device before v1.37.1 and none since, `{}` every device on all releases: the exporter
+reads the API server's version, and its free-device counts agree with the real kube-scheduler."""
 
 from __future__ import annotations
 
@@ -15,12 +17,24 @@ from typing import Any
 
 import pytest
 
+from otel_dra.cluster.devicetaintrule import absent_selector_matches_all
 from otel_dra.fixtures import create, object_path
 from otel_dra.kube.client import ApiError, KubeClient, load_credentials
+from otel_dra.kube.version import read_server_version
 from otel_dra.testbed import Testbed, running
 from otel_dra.testbed.build import kubernetes_release, version_key
 from otel_dra.testbed.controlplane import release_settings
-from tests.helpers import claim_pod, parse_samples, rbac_kubeconfig, ready_node, scrape, wait_until
+from tests.helpers import (
+    claim_pod,
+    driver_class,
+    node_slice,
+    parse_samples,
+    place,
+    rbac_kubeconfig,
+    ready_node,
+    scrape,
+    wait_until,
+)
 
 FAMILY = "kube_devicetaintrule_info"
 CONDITION = "kube_devicetaintrule_status_condition"
@@ -279,3 +293,114 @@ def test_forbidden_by_rbac_is_logged_once_and_everything_else_is_served(testbed_
     messages = [m for m in _rule_messages(caplog) if "forbidden" in m]
     assert len(messages) == 1, messages
     assert "grant list and watch on devicetaintrules.resource.k8s.io" in messages[0]
+
+
+# --- rules without a device selector, and with an empty one, against the real scheduler ------------
+NOSEL = "nosel.example.com"
+NOSEL_NS = NOSEL_NODE = "taint-nosel"
+NOSEL_DEVICES = 3
+
+
+def _selectorless(name: str, selector: dict[str, Any] | None) -> dict[str, Any]:
+    """A NoSchedule rule (never NoExecute: before v1.37.1 a rule without a selector taints every
+    device of the cluster, and would evict the other tests' pods); ``selector`` None: none at all."""
+    rule = _rule(name, {}, "NoSchedule")
+    if selector is None:
+        del rule["spec"]["deviceSelector"]
+    else:
+        rule["spec"]["deviceSelector"] = selector
+    return rule
+
+
+def _nosel_free(port: int) -> float | None:
+    values = [v for lbl, v in _series(port, "kube_resourcepool_devices_free") if lbl["driver"] == NOSEL]
+    return values[0] if values else None
+
+
+def _clear_claims(client: KubeClient) -> None:
+    for path in (
+        f"/api/v1/namespaces/{NOSEL_NS}/pods",
+        f"/apis/resource.k8s.io/v1/namespaces/{NOSEL_NS}/resourceclaims",
+    ):
+        with contextlib.suppress(ApiError):
+            client.request("DELETE", path, query={"gracePeriodSeconds": 0})
+    wait_until(
+        lambda: not client.get_json(f"/apis/resource.k8s.io/v1/namespaces/{NOSEL_NS}/resourceclaims")["items"],
+        timeout=60,
+        what="the test's claims to be gone",
+    )
+
+
+def _placed(client: KubeClient, prefix: str, limit: int) -> int:
+    """How many one-device claims the scheduler allocates on the node before it refuses one."""
+    placed = 0
+    while placed <= limit and place(client, NOSEL_NS, f"{prefix}-{placed}", NOSEL_NODE, NOSEL):
+        placed += 1
+    return placed
+
+
+def test_the_exporter_reads_the_api_servers_version(testbed_sched, start_exporter_app, caplog):
+    client = KubeClient(load_credentials(str(testbed_sched.kubeconfig)))
+    expected = read_server_version(client)  # the oracle: what the API server says it is
+    with caplog.at_level(logging.INFO, logger="otel_dra.cluster.devicetaintrule"):
+        app = start_exporter_app(str(testbed_sched.kubeconfig))
+        wait_until(lambda: app.state.not_synced() is None, what="sync")
+    assert app.state.server_version is not None
+    assert app.state.server_version.version == expected and str(app.state.server_version.version) == str(expected)
+    matches = "every device" if absent_selector_matches_all(expected) else "no device"
+    assert [r.getMessage() for r in caplog.records if r.name == "otel_dra.cluster.devicetaintrule"] == [
+        f"API server {expected}: DeviceTaintRules without spec.deviceSelector match {matches}"
+    ]
+
+
+def test_rules_without_and_with_an_empty_selector_agree_with_the_scheduler(testbed_sched, start_exporter_app):
+    """A rule without deviceSelector blocks every device before v1.37.1 and none since; a rule
+    with ``{}`` blocks every device on every release. The exporter's free count for the pool is
+    what the real kube-scheduler still allocates, one-device claim by claim, under each rule."""
+    client = KubeClient(load_credentials(str(testbed_sched.kubeconfig)))
+    old_semantics = absent_selector_matches_all(read_server_version(client))
+    expected_free = 0 if old_semantics else NOSEL_DEVICES
+    with contextlib.suppress(ApiError):
+        client.send_json("POST", "/api/v1/namespaces", {"metadata": {"name": NOSEL_NS}})
+    ready_node(client, NOSEL_NODE)
+    slice_ = node_slice(
+        "taint-nosel-slice", NOSEL, NOSEL_NODE, devices=[{"name": f"n{i}"} for i in range(NOSEL_DEVICES)]
+    )
+    absent, empty = _selectorless("nosel-absent", None), _selectorless("nosel-empty", {})
+    objects = [driver_class(NOSEL), slice_]
+    try:
+        for obj in objects:
+            create(client, obj)
+        app = start_exporter_app(str(testbed_sched.kubeconfig))
+        wait_until(lambda: app.state.not_synced() is None, what="sync")
+        wait_until(lambda: _nosel_free(app.port) == NOSEL_DEVICES, what="every device free before any rule")
+
+        create(client, absent)
+        wait_until(lambda: any(r["devicetaintrule_name"] == "nosel-absent" for r in _rules(app.port)), what="rule")
+        [absent_flag] = [
+            v
+            for lbl, v in _series(app.port, "kube_devicetaintrule_device_selector_absent")
+            if lbl["devicetaintrule_name"] == "nosel-absent"
+        ]
+        assert absent_flag == 1.0
+        wait_until(lambda: _nosel_free(app.port) == expected_free, what=f"{expected_free} free under the rule")
+        time.sleep(1)  # the scheduler's informer sees the rule as the exporter's watch did
+        placed = _placed(client, "absent", NOSEL_DEVICES)
+        assert placed == expected_free, f"exporter said {expected_free} free, the scheduler allocated {placed}"
+        _clear_claims(client)
+        client.request("DELETE", object_path(absent))
+
+        create(client, empty)
+        wait_until(lambda: _nosel_free(app.port) == 0, what="no device free under {}")
+        time.sleep(1)
+        assert _placed(client, "empty", NOSEL_DEVICES) == 0, "the scheduler allocated a device under a {} rule"
+        client.request("DELETE", object_path(empty))
+        wait_until(lambda: _nosel_free(app.port) == NOSEL_DEVICES, what="every device free again")
+    finally:
+        for rule in (absent, empty):
+            with contextlib.suppress(ApiError):
+                client.request("DELETE", object_path(rule))
+        _clear_claims(client)
+        for obj in reversed(objects):
+            with contextlib.suppress(ApiError):
+                client.request("DELETE", object_path(obj))

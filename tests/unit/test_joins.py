@@ -13,6 +13,7 @@ from otel_dra.cluster import deviceclass, devicetaintrule, joins, resourceclaim,
 from otel_dra.cluster.joins import Joins
 from otel_dra.cluster.sharding import Shard
 from otel_dra.cluster.store import ObjectStore
+from otel_dra.kube.version import parse_git_version
 
 RV = iter(range(1, 10**9))
 
@@ -289,6 +290,165 @@ def test_per_node_counts_with_per_device_node_selection():
         ("n1", 1.0),
         ("n2", 0.0),
     ]
+
+
+# --- capacity names with and without the driver's domain (Kubernetes 1.38) ----------------------------
+def _shared_gpu(capacity_key: str, other: str = "dra.example.com/bandwidth") -> dict[str, Any]:
+    """A shareable device of driver gpu.example.com whose memory is published as ``capacity_key``."""
+    return {
+        "name": "gpu-0",
+        "allowMultipleAllocations": True,
+        "capacity": {
+            capacity_key: {"value": "80Gi", "requestPolicy": {"default": "10Gi"}},
+            other: {"value": "100", "requestPolicy": {"default": "0"}},
+        },
+    }
+
+
+def _share(name: str, consumed: dict[str, str]) -> dict[str, Any]:
+    return claim_obj(
+        name, [result("gpu-0", driver=GPU, pool="node-1", shareID=f"share-{name}", consumedCapacity=consumed)]
+    )
+
+
+def _device_series(w: World, family: str) -> dict[str, float]:
+    return {s.split('capacity="')[1].split('"')[0]: v for s, v in w.samples(family).items()}
+
+
+@pytest.mark.parametrize("published", ["memory", "gpu.example.com/memory"])
+@pytest.mark.parametrize("consumed_as", ["memory", "gpu.example.com/memory"])
+def test_consumed_capacity_joins_either_spelling_of_the_drivers_domain(published, consumed_as):
+    w = World()
+    w.slices.upsert(slice_obj("s", GPU, "node-1", [_shared_gpu(published)]))
+    w.claims.upsert(_share("a", {consumed_as: "50Gi", "dra.example.com/bandwidth": "10"}))
+    # The device's series keep the slice's spelling; the consumption is joined to it either way.
+    assert _device_series(w, "kube_resourceslice_device_allocated_capacity") == {
+        published: 50.0 * GI,
+        "dra.example.com/bandwidth": 10.0,
+    }
+    assert _device_series(w, "kube_resourceslice_device_free_capacity") == {
+        published: 30.0 * GI,
+        "dra.example.com/bandwidth": 90.0,
+    }
+    assert _value(w, "kube_resourcepool_devices_free", pool="node-1") == 1  # 50 + 10 <= 80
+    # A second share in the other spelling: the same capacity, summed.
+    other = f"{GPU}/memory" if consumed_as == "memory" else "memory"
+    w.claims.upsert(_share("b", {other: "25Gi"}))
+    assert _device_series(w, "kube_resourceslice_device_allocated_capacity")[published] == 75.0 * GI
+    assert _value(w, "kube_resourcepool_devices_free", pool="node-1") == 0  # 75 + 10 > 80
+    # The claims' own series name the capacity in its short form, whichever spelling they used.
+    consumed = {
+        (s.split('resourceclaim_name="')[1].split('"')[0], s.split('capacity="')[1].split('"')[0]): v
+        for s in _claim_lines(w, "kube_resourceclaim_device_consumed_capacity")
+        for v in [float(s.rsplit(" ", 1)[1])]
+    }
+    assert consumed == {
+        ("a", "memory"): 50.0 * GI,
+        ("a", "dra.example.com/bandwidth"): 10.0,
+        ("b", "memory"): 25.0 * GI,
+    }
+
+
+def test_a_capacity_of_another_domain_is_not_the_drivers_own():
+    w = World()
+    w.slices.upsert(slice_obj("s", GPU, "node-1", [_shared_gpu("memory", other="bandwidth")]))
+    # dra.example.com/bandwidth is not the device's bandwidth (its domain is not the driver's), nor
+    # is other.example.com/memory its memory.
+    w.claims.upsert(_share("a", {"dra.example.com/bandwidth": "10", "other.example.com/memory": "1Gi"}))
+    assert _device_series(w, "kube_resourceslice_device_allocated_capacity") == {"memory": 0.0, "bandwidth": 0.0}
+
+
+def test_both_spellings_in_one_result_are_one_capacity():
+    problems: list[str] = []
+    claim = resourceclaim.parse(
+        _share("a", {"memory": "1Gi", f"{GPU}/memory": "2Gi", "x.example.com/memory": "3"}), problems.append
+    )
+    assert problems == []
+    assert claim.results[0].consumed == (("memory", 3.0 * GI), ("x.example.com/memory", 3.0))
+
+
+def _claim_lines(w: World, family: str) -> list[str]:
+    return [
+        line
+        for gauge, chunks in w.claims.blocks()
+        if gauge.prom_name == family
+        for line in b"".join(c.data for c in chunks).decode().splitlines()
+    ]
+
+
+# --- PodGroup consumers (Kubernetes 1.38, gang scheduling) -------------------------------------------
+POD = {"apiGroup": "", "resource": "pods", "name": "worker-0", "uid": "pod-uid-0"}
+PODGROUP = {"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "trainers", "uid": "pg-uid"}
+
+
+def reserved_claim(name: str, consumers: list[dict[str, Any]], namespace: str = "team-a") -> dict[str, Any]:
+    obj = claim_obj(name, [result("x0")], namespace=namespace, reserved=False, status_time="2027-01-15T07:00:00Z")
+    obj["status"]["reservedFor"] = consumers
+    return obj
+
+
+def test_podgroup_consumers_are_reported_with_their_kind():
+    problems: list[str] = []
+    job = {"apiGroup": "batch", "resource": "jobs", "name": "j", "uid": "j-uid"}
+    claim = resourceclaim.parse(
+        reserved_claim("c", [POD, PODGROUP, job, {"resource": "pods", "name": "p1"}]), problems.append
+    )
+    assert problems == []
+    assert claim.consumers == (("pod", "worker-0"), ("podgroup", "trainers"), ("jobs.batch", "j"), ("pod", "p1"))
+    assert claim.phase == "reserved" and claim.reserved == 4
+    families = {f.prom_name: f for f in resourceclaim.FAMILIES + resourceclaim.STATE_FAMILIES}
+    assert list(families["kube_resourceclaim_status_reserved_for_consumer"].samples(claim)) == [
+        (("c", "team-a", "pod", "worker-0"), 1.0),
+        (("c", "team-a", "podgroup", "trainers"), 1.0),
+        (("c", "team-a", "jobs.batch", "j"), 1.0),
+        (("c", "team-a", "pod", "p1"), 1.0),
+    ]
+    # The seed families stay pods only, byte for byte.
+    assert list(families["kube_resourceclaim_status_reserved_for_pod"].samples(claim)) == [
+        (("c", "team-a", "worker-0", "pod-uid-0"), 1.0),
+        (("c", "team-a", "p1", ""), 1.0),
+    ]
+    assert list(families["kube_resourceclaim_status_reserved_total"].samples(claim)) == [(("c", "team-a"), 2.0)]
+    # Malformed entries are consumers of no known kind; two of one kind and name are one series.
+    odd = resourceclaim.parse(
+        reserved_claim("d", [PODGROUP, PODGROUP, {"apiGroup": 5, "resource": "pods"}, "junk"]), print
+    )
+    assert list(families["kube_resourceclaim_status_reserved_for_consumer"].samples(odd)) == [
+        (("d", "team-a", "podgroup", "trainers"), 2.0),
+        (("d", "team-a", "", ""), 1.0),
+    ]
+    assert list(families["kube_resourceclaim_status_reserved_total"].samples(odd)) == [(("d", "team-a"), 0.0)]
+
+
+def test_a_claim_reserved_by_a_podgroup_is_never_leaked_and_costs_in_its_namespace():
+    now = [1_800_000_000.0]  # 2027-01-15T08:00:00Z: an hour after the claims' last status write
+    w = World(grace=600, now=now)
+    w.classes.upsert(class_obj("c1", "2.5"))
+    w.slices.upsert(slice_obj("s1", "d", "p", [{"name": "x0"}]))
+    # Only a PodGroup; a PodGroup and a pod that is gone (the exporter does not look pods up: the
+    # reservation says in use); and, for contrast, nobody.
+    w.claims.upsert(reserved_claim("gang", [PODGROUP]))
+    w.claims.upsert(reserved_claim("gang-and-pod", [PODGROUP, POD], namespace="team-b"))
+    w.claims.upsert(reserved_claim("nobody", []))
+    now[0] += 10**6
+    assert w.joined()["kube_resourceclaim_leaked"] == [
+        'kube_resourceclaim_leaked{namespace="team-a",resourceclaim_name="nobody"} 1.0'
+    ]
+    assert w.samples("kube_resourceclaim_hourly_cost") == {
+        'kube_resourceclaim_hourly_cost{deviceclass_name="c1",namespace="team-a",resourceclaim_name="gang"}': 2.5,
+        'kube_resourceclaim_hourly_cost{deviceclass_name="c1",namespace="team-b",resourceclaim_name="gang-and-pod"}': 2.5,
+        'kube_resourceclaim_hourly_cost{deviceclass_name="c1",namespace="team-a",resourceclaim_name="nobody"}': 2.5,
+    }
+    # The PodGroup lets go: now nobody reserves it, and the clock runs from that status write.
+    released = reserved_claim("gang", [])
+    released["metadata"]["managedFields"][0]["time"] = "2027-01-26T21:45:00Z"  # 100 s before now
+    w.claims.upsert(released)
+    assert 'resourceclaim_name="gang"' not in "".join(w.joined()["kube_resourceclaim_leaked"])
+    now[0] += 600
+    assert 'resourceclaim_name="gang"' in "".join(w.joined()["kube_resourceclaim_leaked"])
+    # Reserved by a PodGroup again: not leaked any more.
+    w.claims.upsert(reserved_claim("gang", [PODGROUP]))
+    assert 'resourceclaim_name="gang"' not in "".join(w.joined()["kube_resourceclaim_leaked"])
 
 
 # --- shared counters, pool-wide since Kubernetes 1.35 ------------------------------------------------
@@ -682,8 +842,10 @@ def _random_world_ops(rng: random.Random, steps: int) -> list[tuple[str, str, di
     ops: list[tuple[str, str, dict[str, Any] | None]] = []
     drivers = ("d1", "d2")
     for _ in range(steps):
-        kind = rng.choice(("slice", "slice", "claim", "claim", "claim", "class", "rule"))
-        if kind == "slice":
+        kind = rng.choice(("slice", "slice", "claim", "claim", "claim", "class", "rule", "version"))
+        if kind == "version":  # an upgrade or downgrade across v1.37.1 (rules without a selector)
+            ops.append(("version", rng.choice(("v1.36.6", "v1.37.0", "v1.37.2", "v1.38.0-beta.0")), None))
+        elif kind == "slice":
             name = f"s{rng.randrange(8)}"
             driver = drivers[int(name[1:]) % 2]
             pool = f"p{rng.randrange(3)}"
@@ -764,10 +926,13 @@ def _random_world_ops(rng: random.Random, steps: int) -> list[tuple[str, str, di
             selector = {"driver": rng.choice(drivers)}
             if rng.random() < 0.5:
                 selector["device"] = f"x{rng.randrange(6)}"
-            obj = {
-                "metadata": _meta(name),
-                "spec": {"deviceSelector": selector, "taint": {"key": "k", "effect": "NoSchedule"}},
-            }
+            rule_spec: dict[str, Any] = {"deviceSelector": selector, "taint": {"key": "k", "effect": "NoSchedule"}}
+            shape = rng.random()
+            if shape < 0.2:
+                del rule_spec["deviceSelector"]  # every device before v1.37.1, none since
+            elif shape < 0.3:
+                rule_spec["deviceSelector"] = {}  # every device
+            obj = {"metadata": _meta(name), "spec": rule_spec}
             ops.append(("rule", name, None if rng.random() < 0.3 else obj))
     return ops
 
@@ -776,6 +941,10 @@ def _apply(
     world: World, ops: list[tuple[str, str, dict[str, Any] | None]], current: dict[tuple[str, str], dict[str, Any]]
 ) -> None:
     for kind, key, obj in ops:
+        if kind == "version":
+            world.joins.set_server_version(parse_git_version(key))
+            current[("version", "")] = {"gitVersion": key}
+            continue
         store = world.by_kind[kind]
         if obj is None:
             gone = current.pop((kind, key), None)
@@ -795,6 +964,9 @@ def test_incremental_upkeep_equals_a_fresh_computation(seed):
     for _round in range(8):
         _apply(live, _random_world_ops(rng, 40), current)
         fresh = World(now=[5000.0])
+        version = current.get(("version", ""))
+        if version is not None:
+            fresh.joins.set_server_version(parse_git_version(version["gitVersion"]))
         for kind in ("class", "rule", "slice", "claim"):  # any order must give the same result
             fresh.by_kind[kind].replace([o for (k, _), o in current.items() if k == kind])
         assert live.joined() == fresh.joined()

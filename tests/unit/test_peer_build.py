@@ -340,7 +340,8 @@ def test_a_binary_added_to_a_control_plane_row_is_built_beside_the_old_directory
     assert binaries == b.find_binaries(tmp_path, "1.34")
     assert (tmp_path / "bin" / new.key / "kube-proxy").is_file()
     assert sorted(p.name for p in (tmp_path / "bin" / old.key).iterdir()) == sorted(b.KUBERNETES_COMMANDS)
-    assert [call[2] for call in _go_calls(calls)] == ["mod", "build"]  # etcd was there already
+    # The staging check's `go mod download`, the wrapper's tidy, the build; etcd was there already.
+    assert [call[2:4] for call in _go_calls(calls)] == [["mod", "download"], ["mod", "tidy"], ["build", "-ldflags"]]
 
 
 def test_only_rows_that_ask_for_it_carry_a_recipe_digest() -> None:

@@ -621,3 +621,78 @@ def test_a_relist_is_not_older_than_what_was_seen_and_falls_back_to_a_quorum_rea
         {"limit": 2},
     ]
     assert sorted(handler.objects) == ["a"]
+
+
+def test_on_connect_runs_before_the_first_list_and_after_each_recovery_not_on_a_normal_reconnect():
+    """Where the exporter re-reads the API server's version: at start-up, and once a list or a
+    watch succeeds after a failure (an upgrade restarts the API server); a watch that ends at its
+    server-side timeout reconnects without it."""
+    page = {"metadata": {"resourceVersion": "1"}, "items": [_obj("a", "1")]}
+    bookmark = [{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "2"}}}]
+    done = threading.Event()
+    client = _Client(
+        [ApiError(500, "starting"), page],  # the first list fails, the second succeeds
+        [bookmark, bookmark, ApiError(0, "connection refused"), bookmark, bookmark],
+        done,
+    )
+    seen: list[list[str]] = []
+
+    def on_connect() -> None:
+        seen.append([kind for kind, _ in client.calls])  # what was asked before the hook ran
+
+    reflector = Reflector(client, RT, _Handler(), backoff=(0.001, 0.002), on_connect=on_connect)
+    thread = threading.Thread(target=reflector.run, daemon=True)
+    thread.start()
+    assert done.wait(5)
+    reflector.stop()
+    thread.join(5)
+    assert seen == [
+        [],  # before the first list
+        ["list", "list"],  # the list that succeeded after the failed one
+        ["list", "list", "watch", "watch", "watch", "watch"],  # the watch re-established after the break
+    ]
+
+
+def test_on_connect_failing_is_logged_and_the_reflector_goes_on(caplog):
+    import logging
+
+    page = {"metadata": {"resourceVersion": "1"}, "items": [_obj("a", "1")]}
+    done = threading.Event()
+    client, handler = _Client([page], [], done), _Handler()
+
+    def broken() -> None:
+        raise RuntimeError("bug in the hook")
+
+    reflector = Reflector(client, RT, handler, backoff=(0.001, 0.002), on_connect=broken)
+    with caplog.at_level(logging.ERROR, logger="otel_dra.kube.reflector"):
+        thread = threading.Thread(target=reflector.run, daemon=True)
+        thread.start()
+        assert done.wait(5)
+        reflector.stop()
+        thread.join(5)
+    assert list(handler.objects) == ["a"]
+    assert any("on_connect failed" in r.getMessage() for r in caplog.records)
+
+
+def test_on_connect_runs_again_when_an_unavailable_resource_comes_back():
+    found = ResourceType("devicetaintrules", "resource.k8s.io/v1")
+    answers = [None, found]
+    page = {"metadata": {"resourceVersion": "3"}, "items": []}
+    done = threading.Event()
+    client = _Client([page], [], done)
+    calls: list[int] = []
+    reflector = Reflector(
+        client,
+        found,
+        _Handler(),
+        backoff=(0.001, 0.002),
+        discover=lambda c: answers.pop(0) if answers else found,
+        unavailable_retry=0.01,
+        on_connect=lambda: calls.append(len(answers)),
+    )
+    thread = threading.Thread(target=reflector.run, daemon=True)
+    thread.start()
+    assert done.wait(5)
+    reflector.stop()
+    thread.join(5)
+    assert calls == [2, 1]  # before the first try (not served), and before the list once served
