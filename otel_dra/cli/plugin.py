@@ -45,7 +45,12 @@ def add_parser(sub: Any) -> None:
     )
     add_flag(p, "--node-name", "NODE_NAME", "this node's name (required)", type=dns_subdomain(253))
     add_flag(
-        p, "--driver-name", "DRIVER_NAME", "the DRA driver name", default="gpu.example.com", type=dns_subdomain(63)
+        p,
+        "--driver-name",
+        "DRIVER_NAME",
+        "the DRA driver name (the kubelet's rules: at most 63 bytes, a DNS subdomain in any case)",
+        default="gpu.example.com",
+        type=parse_driver_name,
     )
     add_flag(
         p,
@@ -142,6 +147,16 @@ def add_parser(sub: Any) -> None:
     add_logging_flags(p)
     # cli.main leaves the cyclic GC off through start-up; cmd_plugin turns it on once started.
     p.set_defaults(func=cmd_plugin, gc_after_start=True)
+
+
+def parse_driver_name(text: str) -> str:
+    """``--driver-name``: exactly what the kubelet registers (no stripping: it would not either)."""
+    from otel_dra.plugin.registration import driver_name_problem
+
+    problem = driver_name_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{text!r} {problem}")
+    return text
 
 
 def _prepared_devices(checkpoint: Any) -> int:
@@ -433,6 +448,14 @@ def cmd_plugin(args: argparse.Namespace) -> int:
 
     if not args.node_name:
         raise UsageError("--node-name (or NODE_NAME) is required")
+    from otel_dra.plugin.registration import startup_problem
+
+    # Before anything starts: what the kubelet would refuse to register (or could not reach).
+    problem = startup_problem(
+        args.driver_name, args.kubelet_plugins_directory_path, args.kubelet_registrar_directory_path
+    )
+    if problem is not None:
+        raise UsageError(problem)
     web = web_options(args)
     if args.metrics_port < 0 and (web.config is not None or web.authorization != "none"):
         log.warning("--web-config-file / --authorization have no effect: /metrics is off (--metrics-port -1)")

@@ -40,6 +40,7 @@ from typing import Any
 
 import grpc
 
+from otel_dra.plugin.registration import go_to_lower
 from otel_dra.records import record, replace
 
 log = logging.getLogger(__name__)
@@ -379,7 +380,8 @@ class SimulatedHealth:
 
 
 def taint_key(driver_name: str) -> str:
-    return f"{driver_name}/unhealthy"
+    # A taint key's prefix must be a lower case DNS subdomain; the driver name may have upper case.
+    return f"{go_to_lower(driver_name)}/unhealthy"
 
 
 def _rfc3339(seconds: float) -> str:

@@ -39,6 +39,7 @@ from otel_dra._generated.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from otel_dra._generated.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from otel_dra._generated.pluginregistration import api_pb2 as reg_pb2
 from otel_dra._generated.pluginregistration import api_pb2_grpc as reg_grpc
+from otel_dra.plugin import registration
 from otel_dra.plugin.driver import ERROR_TYPE, ClaimRef, ClaimResult, Driver
 from otel_dra.plugin.health import HEALTH_SERVICES, HealthStreams
 from otel_dra.telemetry.spans import SpanHandle
@@ -47,8 +48,6 @@ log = logging.getLogger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
-# sockaddr_un.sun_path is 108 bytes including the terminating NUL.
-MAX_SOCKET_PATH = 107
 
 # RPC semantic conventions after v1.37.0 (release candidate): rpc.system.name, rpc.method fully
 # qualified ("<package>.<Service>/<Method>"), the status as a string. The attributes of v1.37.0 and
@@ -73,14 +72,6 @@ class PluginStartError(RuntimeError):
 
 class AlreadyRunning(PluginStartError):
     pass
-
-
-def check_socket_path(path: Path, flag: str) -> None:
-    if len(str(path).encode()) > MAX_SOCKET_PATH:
-        raise PluginStartError(
-            f"{flag}: socket path {path} is longer than {MAX_SOCKET_PATH} bytes (a unix socket limit); "
-            "use a shorter directory"
-        )
 
 
 class SocketLock:
@@ -274,12 +265,14 @@ class PluginServer:
         self.supported_versions = SUPPORTED_VERSIONS + (HEALTH_SERVICES if health is not None else ())
         self.driver = driver
         self.driver_name = driver_name
+        # What the kubelet would refuse to register is refused here, before any socket exists.
+        problem = registration.startup_problem(driver_name, plugins_dir, registrar_dir)
+        if problem is not None:
+            raise PluginStartError(problem)
         self.plugin_dir = plugins_dir / driver_name
         self.registrar_dir = registrar_dir
-        self.dra_socket = self.plugin_dir / "dra.sock"
-        self.registration_socket = registrar_dir / f"{driver_name}-reg.sock"
-        check_socket_path(self.dra_socket, "--kubelet-plugins-directory-path")
-        check_socket_path(self.registration_socket, "--kubelet-registrar-directory-path")
+        self.dra_socket = registration.dra_socket(plugins_dir, driver_name)
+        self.registration_socket = registration.registration_socket(registrar_dir, driver_name)
         self._lock = SocketLock(self.plugin_dir / "plugin.lock")
         self._max_workers = max_workers
         self._dra_server: _GrpcServer | None = None
@@ -350,8 +343,11 @@ class PluginServer:
 
     @staticmethod
     def _bind(server: grpc.Server, path: Path) -> None:
+        # "unix:" and the path, not "unix://": gRPC's server binds what follows "unix:" (only
+        # percent-decoded, and the registration rules keep '%' out), so "unix:///x" binds "///x",
+        # two bytes longer, and a 106- or 107-byte path, which the kubelet takes, would not fit.
         try:
-            server.add_insecure_port(f"unix://{path}")
+            server.add_insecure_port(f"unix:{path}")
         except RuntimeError as exc:
             raise PluginStartError(f"cannot listen on {path}: {exc}") from exc
 

@@ -32,6 +32,7 @@ from urllib.parse import quote
 from otel_dra.kube.client import ApiError, KubeClient
 from otel_dra.kube.quantity import parse_quantity
 from otel_dra.plugin.devices import Device
+from otel_dra.plugin.registration import go_to_lower
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,10 @@ class FatalPublishError(RuntimeError):
 def slice_name(node_name: str, driver_name: str, index: int) -> str:
     """Deterministic, so a restarted plugin finds and updates its slices instead of adding more."""
     name = f"{node_name}-{driver_name}-{index}"
-    if len(name) <= _MAX_NAME:
+    # The digest of both names stands in when the name is too long, and for a driver name with
+    # upper case (the kubelet takes it, an object name may not have it, and lowering it would give
+    # "GPU.x" and "gpu.x", two drivers, the same slices).
+    if len(name) <= _MAX_NAME and go_to_lower(driver_name) == driver_name:
         return name
     digest = hashlib.sha256(f"{node_name}/{driver_name}".encode()).hexdigest()[:16]
     prefix = node_name[: _MAX_NAME - len(digest) - 12].rstrip(".-")  # a label may not end in . or -

@@ -9,7 +9,6 @@ import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pynvml
 import pytest
@@ -25,7 +24,7 @@ from otel_dra.plugin.config import DEFAULT, configs_by_request, device_env, pars
 from otel_dra.plugin.config import ConfigError as GpuConfigError
 from otel_dra.plugin.devices import Device, semver, simulated_devices
 from otel_dra.plugin.metrics import PluginMetrics
-from otel_dra.plugin.server import AlreadyRunning, PluginStartError, SocketLock, check_socket_path
+from otel_dra.plugin.server import AlreadyRunning, SocketLock
 from otel_dra.plugin.slices import _comparable, slice_name
 from otel_dra.telemetry.exposition import assemble
 from otel_dra.telemetry.otlp import ConfigError
@@ -540,12 +539,6 @@ def test_socket_lock_is_exclusive(tmp_path):
     first.release()
     second.acquire()  # free again once the holder lets go
     second.release()
-
-
-def test_socket_path_limit():
-    check_socket_path(Path("/var/lib/kubelet/plugins/gpu.example.com/dra.sock"), "--x")
-    with pytest.raises(PluginStartError, match=r"--kubelet-plugins-directory-path.*107 bytes"):
-        check_socket_path(Path("/" + "d" * 100 + "/dra.sock"), "--kubelet-plugins-directory-path")
 
 
 # --- slices --------------------------------------------------------------------------------------
