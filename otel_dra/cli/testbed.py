@@ -107,6 +107,22 @@ def add_parser(subparsers: Any) -> None:
         default=120.0,
         help="seconds to wait for each component (default: %(default)s)",
     )
+    p_up.add_argument(
+        "--feature-gates",
+        type=feature_gates,
+        default={},
+        metavar="A=true,B=false",
+        help="feature gates for every component, on top of those the release's row turns on (docs/testbed.md); "
+        "a gate the release removed is refused. E.g. GenericWorkload=true,DRAWorkloadResourceClaims=true "
+        "(PodGroups on 1.38, with --runtime-config scheduling.k8s.io/v1beta1=true)",
+    )
+    p_up.add_argument(
+        "--runtime-config",
+        action="append",
+        default=[],
+        metavar="GROUP/VERSION=true",
+        help="API group versions kube-apiserver serves beyond its defaults (repeatable)",
+    )
     add_kubernetes_version_flag(p_up)
     p_up.set_defaults(func=cmd_up)
 
@@ -153,6 +169,19 @@ def add_parser(subparsers: Any) -> None:
     )
     p_down.add_argument("--dir", type=Path, required=True, help="directory given to `testbed up`")
     p_down.set_defaults(func=cmd_down)
+
+
+def feature_gates(text: str) -> dict[str, bool]:
+    """argparse type: ``A=true,B=false`` as kube-apiserver's --feature-gates takes it."""
+    gates: dict[str, bool] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        if not sep or not name or value.lower() not in ("true", "false"):
+            raise argparse.ArgumentTypeError(f"{item!r} is not NAME=true or NAME=false")
+        gates[name] = value.lower() == "true"
+    return gates
 
 
 def _error(message: str) -> int:
@@ -214,6 +243,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             service_accounts=bool(args.node),
             timeout=args.timeout,
             kubernetes_version=args.kubernetes_version,
+            feature_gates={**kubernetes_release(args.kubernetes_version).feature_gates, **args.feature_gates},
+            apiserver_args=[f"--runtime-config={value}" for value in args.runtime_config],
         )
     except (BuildError, TestbedError) as exc:
         return _error(str(exc))

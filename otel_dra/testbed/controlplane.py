@@ -417,7 +417,9 @@ def up(
         scheduler
         and settings.taint_rule_api
         and feature_gates.get(settings.taint_rule_gate)
-        and not any("--runtime-config" in a for a in apiserver_args)
+        # kube-apiserver merges repeated --runtime-config flags; one that names the version already
+        # (to turn it off, say) is the caller's to decide.
+        and not any(a.startswith("--runtime-config") and settings.taint_rule_api in a for a in apiserver_args)
     ):
         apiserver_args = [*apiserver_args, f"--runtime-config={settings.taint_rule_api}=true"]
         taint_rules_served = True
@@ -428,6 +430,10 @@ def up(
         controllers += [c for c in POD_CONTROLLERS if c not in controllers]
     if taint_rules_served:
         controllers.append("device-taint-eviction-controller")
+    if feature_gates.get("GenericWorkload"):
+        # PodGroups get the scheduling.k8s.io/podgroup-protection finalizer, which only this
+        # controller removes: without it a deleted PodGroup stays Terminating.
+        controllers.append("podgroup-protection-controller")
     testbed = Testbed(
         dir=dir,
         kubeconfig=dir / "kubeconfig",

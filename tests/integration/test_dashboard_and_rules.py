@@ -99,7 +99,14 @@ def test_dashboard_rows_and_panels():
         else:
             assert current is not None, f"panel {panel['title']!r} is outside any row"
             rows[current].append(panel)
-    assert list(rows) == ["Driver operations", "Prepare latency", "Kubernetes API", "Cluster state", "Device health"]
+    assert list(rows) == [
+        "Driver operations",
+        "Prepare latency",
+        "Kubernetes API",
+        "Cluster state",
+        "Device health",
+        "Kubelet",
+    ]
     stats = {p["title"] for p in rows["Driver operations"] if p["type"] == "stat"}
     assert stats == {"Prepares", "Unprepares", "Errors", "Fatal errors"}
     latency = " ".join(t["expr"] for p in rows["Prepare latency"] for t in p["targets"])
@@ -121,6 +128,16 @@ def test_dashboard_rows_and_panels():
         "kube_resourceclaim_status_allocated_device",
     ):
         assert name in health
+    # The kubelet's own DRA metrics (no `kubelet_` prefix; unchanged from 1.34 to 1.38).
+    kubelet = " ".join(t["expr"] for p in rows["Kubelet"] for t in p["targets"])
+    for name in (
+        "dra_grpc_operations_duration_seconds_bucket",
+        "dra_operations_duration_seconds_bucket",
+        "dra_resource_claims_in_use",
+        "dra_node_prepare_skips_total",
+        "dra_node_unprepare_skips_total",
+    ):
+        assert name in kubelet
     # Every panel and variable reads the data source chosen in the dashboard.
     for panel in _panels(dash["panels"]):
         if panel["type"] != "row":
