@@ -42,7 +42,7 @@ from otel_dra.testbed.node import (
     restart_kubelet,
     start_node,
 )
-from tests.helpers import driver_class, wait_until
+from tests.helpers import driver_class, free_port, wait_until
 
 pytestmark = [pytest.mark.node, pytest.mark.testbed]
 
@@ -232,7 +232,7 @@ def node_testbed(node_support: Binaries) -> Iterator[tuple[Testbed, Node]]:
 class HostPlugin:
     """``otel-dra plugin`` as a process on the host, in the node's kubelet directories."""
 
-    def __init__(self, testbed: Testbed, node: Node, log: Path) -> None:
+    def __init__(self, testbed: Testbed, node: Node, log: Path, *extra: str) -> None:
         self.log = log
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
@@ -244,6 +244,7 @@ class HostPlugin:
                     f"--kubelet-plugins-directory-path={node.plugins_dir}",
                     f"--kubelet-registrar-directory-path={node.registry_dir}",
                     "--num-devices=2",
+                    *extra,
                 ],
                 stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
             )  # fmt: skip
@@ -282,10 +283,10 @@ def _node_slices(client: KubeClient, node: Node) -> list[dict[str, Any]]:
     return [s for s in slices if s["spec"].get("nodeName") == node.name and s["spec"].get("driver") == DRIVER]
 
 
-def _start_plugin(testbed: Testbed, node: Node, plugins: list[HostPlugin], log: Path) -> HostPlugin:
+def _start_plugin(testbed: Testbed, node: Node, plugins: list[HostPlugin], log: Path, *extra: str) -> HostPlugin:
     """Start the plugin and wait until the kubelet has registered it and it has published."""
     offset = _kubelet_log_size(node)
-    plugin = HostPlugin(testbed, node, log)
+    plugin = HostPlugin(testbed, node, log, *extra)
     plugins.append(plugin)
     client = KubeClient(load_credentials(str(testbed.kubeconfig)))
 
@@ -484,3 +485,104 @@ def test_the_emulator_and_the_kubelet_call_the_plugin_alike(node_testbed: tuple[
             print(f"  {call}")
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+# --- the shipped dashboard and alerts against what a real node serves ------------------------------
+
+# Metric names the dashboard and the rules read that only exist once something rare happened, each
+# with what it takes; every other name they read must be served by the exporter, the plugin or the
+# kubelet of this release.
+_NEEDS_AN_EVENT = {
+    "dra_node_prepare_skips_total": "a device with skipNodeOperations (alpha, DRAOptionalNodeOperations)",
+    "dra_node_unprepare_skips_total": "a device with skipNodeOperations (alpha, DRAOptionalNodeOperations)",
+    "rest_client_request_retries_total": "a retried API request",
+    "kube_resourceslice_device_taint": "a tainted device",
+    "kube_pod_resourceclaim_device_health": "a device whose health the kubelet wrote into pod status",
+}
+_METRIC = re.compile(r"\b((?:kube|dra|otel_dra|rest_client|process)_[a-zA-Z0-9_:]*|up)\b")
+
+
+def _names_read(expressions: list[tuple[str, str]]) -> dict[str, str]:
+    """Metric name -> the first panel or rule that reads it (label values and strings left out)."""
+    names: dict[str, str] = {}
+    for where, expr in expressions:
+        for name in _METRIC.findall(re.sub(r'"[^"]*"', '""', expr)):
+            names.setdefault(name, where)
+    return names
+
+
+def test_the_dashboard_and_alerts_read_what_the_exporter_plugin_and_kubelet_serve(
+    node_testbed: tuple[Testbed, Node],
+    host_plugin: list[HostPlugin],
+    start_exporter_app: Any,
+    prometheus: Any,
+    helm: Path,
+    tmp_path: Path,
+) -> None:
+    """A real Prometheus scrapes the exporter, the plugin and this release's kubelet (over loopback,
+    with the node's client certificate) while a claim pod runs; every metric the chart's dashboard
+    and rules read is then in Prometheus, but for those that need a rare event (_NEEDS_AN_EVENT)."""
+    from tests.integration.test_dashboard_and_rules import dashboard_expressions, rule_expressions
+
+    testbed, node = node_testbed
+    client = KubeClient(load_credentials(str(testbed.kubeconfig)))
+    plugin_port = free_port()
+    _start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log", f"--metrics-port={plugin_port}")
+    exporter = start_exporter_app(str(testbed.kubeconfig))
+    kubelet_port = int(testbed.nodes[node.name]["ports"]["kubelet"])
+    pki = node.layout.dir / "pki"
+    prometheus.set_jobs(
+        {
+            "exporter": {"static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}]},
+            "plugin": {"static_configs": [{"targets": [f"127.0.0.1:{plugin_port}"]}]},
+            "kubelet": {
+                "scheme": "https",
+                # The kubelet trusts the testbed CA's client certificates; its own is self-signed.
+                "tls_config": {
+                    "cert_file": str(pki / "node.crt"),
+                    "key_file": str(pki / "node.key"),
+                    "insecure_skip_verify": True,
+                },
+                "static_configs": [{"targets": [f"127.0.0.1:{kubelet_port}"]}],
+            },
+        }
+    )
+    # One pod through its whole life first (unprepare histograms), its claim unpriced; then a price
+    # on the class (removed again below) and a pod that runs. Prometheus keeps the names of both.
+    _claim_pod(client, "scraped-once")
+    _wait_running(client, "scraped-once", node)
+    wait_until(
+        lambda: prometheus.query('kube_resourceclaim_unpriced_devices{job="exporter"}'),
+        timeout=60,
+        interval=1,
+        what="the unpriced claim in Prometheus",
+    )
+    _delete_and_check_unprepared(client, node, "scraped-once", _generated_claim(client, "scraped-once"))
+    price = {"metadata": {"annotations": {"hourly-cost": "2.5"}}}
+    client.send_json("PATCH", f"/apis/resource.k8s.io/v1/deviceclasses/{DRIVER}", price, "application/merge-patch+json")
+    _claim_pod(client, "scraped-pod")
+    _wait_running(client, "scraped-pod", node)
+    read = _names_read([*dashboard_expressions(), *rule_expressions(helm)])
+    assert {"dra_grpc_operations_duration_seconds_bucket", "dra_resource_claims_in_use"} <= set(read)
+
+    def missing() -> dict[str, str]:
+        served = prometheus.metric_names('{job=~"exporter|plugin|kubelet"}')
+        return {name: where for name, where in read.items() if name not in served and name not in _NEEDS_AN_EVENT}
+
+    try:
+        wait_until(lambda: not missing(), timeout=60, interval=1, what="every metric the dashboard and rules read")
+    except AssertionError:
+        raise AssertionError(f"not served on Kubernetes {kubernetes_release().version}: {missing()}") from None
+    for job in ("exporter", "plugin", "kubelet"):
+        assert prometheus.targets_up(job), job
+    # The kubelet's DRA metrics carry the plugin's call, as 1.34 to 1.38 name it.
+    [sample] = prometheus.query(
+        'sum(dra_grpc_operations_duration_seconds_count{job="kubelet",driver_name="gpu.example.com",'
+        'method_name="/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"})'
+    )
+    assert float(sample["value"][1]) >= 1
+    _delete_and_check_unprepared(client, node, "scraped-pod", _generated_claim(client, "scraped-pod"))
+    unpriced = {"metadata": {"annotations": {"hourly-cost": None}}}
+    client.send_json(
+        "PATCH", f"/apis/resource.k8s.io/v1/deviceclasses/{DRIVER}", unpriced, "application/merge-patch+json"
+    )
