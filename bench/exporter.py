@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import write_json
 from bench.workload import Workload, load
 from otel_dra.kube.client import KubeClient, load_credentials
 from otel_dra.testbed import find_binaries, running
@@ -229,7 +230,7 @@ def main() -> int:
             print(json.dumps(run), flush=True)
             results["runs"].append(run)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        write_json(args.json, results)
     print(json.dumps(results["machine"]))
     return 0
 

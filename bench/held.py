@@ -6,7 +6,7 @@ against the same objects (loading workload L takes half an hour of both cores).
 
 The testbed is the benchmark's (bench/workload.py objects: claims, one reserving pod each, slices,
 classes), on the Kubernetes version of OTEL_DRA_KUBERNETES_VERSION (the testbed's default: the
-newest). docs/benchmarks.md, "Runs 4-8", was measured this way.
+newest). docs/benchmarks-log.md, "Runs 4-8" and "The runs of 2026-12-02", were measured this way.
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import write_json
 from bench.exporter import Exporter, curl_scrape, get, machine, percentile
 from bench.scale import exporter_pythonpath
 from bench.workload import Workload, load
@@ -290,7 +291,7 @@ def main() -> int:
                     ex.stop()
             print(json.dumps({name: results[name]}), flush=True)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        write_json(args.json, results)
     return 0
 
 

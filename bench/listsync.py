@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import write_json
 from bench.exporter import Exporter
 from bench.scale import exporter_pythonpath
 from bench.workload import Workload, load
@@ -120,7 +121,7 @@ def main() -> int:
                 print(json.dumps(r), flush=True)
                 results.append(r)
                 if args.json:
-                    args.json.write_text(json.dumps(results, indent=2) + "\n")
+                    write_json(args.json, results)
     return 0
 
 

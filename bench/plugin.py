@@ -1,6 +1,6 @@
 """Prepare/unprepare benchmark of the example kubelet plugin, through the kubelet emulator (issue #3).
 
-    python -m bench.plugin [--rounds 6] [--pods 48] [--json docs/bench-plugin.json]
+    python -m bench.plugin [--rounds 6] [--pods 48] [--json bench/results/plugin/plugin.json]
     python -m bench.plugin --kubelet real [--rounds 3] [--pods 12] [--json ...]   (bench/plugin_real.py)
 
 A real control plane (kube-apiserver, kube-scheduler, kube-controller-manager) and one node whose
@@ -43,6 +43,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from bench import write_json
 from bench.exporter import free_port, machine, percentile
 from otel_dra.cli.demo import NAMESPACE, demo_objects, start_plugin, workload_pod
 from otel_dra.fixtures import apply_all
@@ -290,7 +291,7 @@ def main() -> int:
     out["tracing_overhead_p99"] = round(on["prepare_p99_ms"] / off["prepare_p99_ms"] - 1, 3)
     print(json.dumps(out, indent=2))
     if args.json:
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
+        write_json(args.json, out)
     return 0
 
 

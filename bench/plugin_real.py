@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import write_json
 from bench.exporter import free_port, machine, percentile
 
 DRIVER = "gpu.example.com"
@@ -654,5 +655,5 @@ def main(argv: list[str] | None = None) -> int:
             )
     print(json.dumps(out, indent=2))
     if args.json:
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
+        write_json(args.json, out)
     return 0

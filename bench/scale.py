@@ -1,6 +1,6 @@
 """Scale benchmark (issue #5): workload L and the 1k/10k/100k scaling series, in one run.
 
-    python -m bench.scale --claims 1000 10000 100000 [--json docs/bench-scale.json]
+    python -m bench.scale --claims 1000 10000 100000 [--json bench/results/scale/scale.json]
 
 Per size, on a fresh testbed loaded with bench/workload.py (100 namespaces, 50 DeviceClasses,
 claims/10 slices of 8 NVIDIA-shaped GPUs, every claim allocated and reserved by one pod, and that
@@ -42,6 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import write_json
 from bench.baseline import scrape_once
 from bench.exporter import Exporter, api_requests, free_port, get, machine, percentile
 from bench.workload import DRIVER, Workload, load
@@ -484,7 +485,7 @@ def main() -> int:
             print(json.dumps(run), flush=True)
             results["runs"].append(run)
             if args.json:
-                args.json.write_text(json.dumps(results, indent=2) + "\n")
+                write_json(args.json, results)
     return 0
 
 

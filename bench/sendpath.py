@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench import write_json
 from bench.exporter import machine
 
 # Run in each server's interpreter: the tree's own otel_dra, its send_buffers timed; on SIGTERM the
@@ -121,7 +122,7 @@ def main() -> None:
             }
             print(f"{name}: {result[name]}")
         if args.json is not None:
-            args.json.write_text(json.dumps(result, indent=2) + "\n")
+            write_json(args.json, result)
     finally:
         for proc in procs.values():
             if proc.poll() is None:

@@ -1,6 +1,9 @@
 """Soak benchmark (issue 15, item 6): one exporter with OTLP on, under steady churn, for a long time.
 
-    python -m bench.soak --claims 10000 --rate 200 --minutes 30 [--json out.json] [--plot out.png]
+    python -m bench.soak --claims 10000 --rate 200 --minutes 30 [--json bench/results/soak/soak.json] [--plot PNG]
+
+The PNG (RSS, scrape latency and changes per second over time) goes to ``--plot``, by default beside
+``--json`` with the same name (bench/results/soak/soak.png), so the picture is always the run's own.
 
 On a fresh testbed (kube-apiserver + etcd) loaded with bench/workload.py, `otel-dra exporter` runs
 as its own process, pushing OTLP/HTTP every ``--otlp-interval`` seconds to a sink process
@@ -26,6 +29,7 @@ can be judged.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import math
@@ -41,6 +45,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import write_json
 from bench.exporter import Exporter, curl_scrape, free_port, get, machine, percentile
 from bench.scale import exporter_pythonpath
 from bench.workload import Workload, load
@@ -580,8 +585,19 @@ def plot(run: dict[str, Any], summary: dict[str, Any], path: Path, title: str) -
     ax_rate.set_xlabel("minutes since the exporter was ready")
     ax_rate.grid(alpha=0.3)
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_path(json_path: Path | None, plot: Path | None, no_plot: bool = False) -> Path | None:
+    """Where the PNG goes: ``--plot``, else beside ``--json`` (same name, ``.png``); none with
+    ``--no-plot`` or without either."""
+    if no_plot:
+        return None
+    if plot is not None:
+        return plot
+    return json_path.with_suffix(".png") if json_path is not None else None
 
 
 # --- wiring ----------------------------------------------------------------------------------------
@@ -621,8 +637,12 @@ def main() -> int:
     )
     parser.add_argument("--tracemalloc", action="store_true", help="diagnosis: with --probe-minutes, tracemalloc too")
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--plot", type=Path, default=None, help="PNG of RSS and scrape latency over time")
+    parser.add_argument(
+        "--plot", type=Path, default=None, help="PNG of RSS and scrape latency over time (default: beside --json)"
+    )
+    parser.add_argument("--no-plot", action="store_true", help="no PNG, not even beside --json")
     args = parser.parse_args()
+    args.plot = plot_path(args.json, args.plot, args.no_plot)
 
     w = Workload(claims=args.claims, pods=args.pods)
     results: dict[str, Any] = {
@@ -695,8 +715,10 @@ def main() -> int:
         flush=True,
     )
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
-    if args.plot:
+        write_json(args.json, results, indent=1)
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        print(f"no {args.plot}: matplotlib is not installed (a dev dependency: pip install -e '.[dev]')", flush=True)
+    elif args.plot:
         title = (
             f"otel-dra exporter soak: {w.claims:,} claims, {args.rate:g} changes/s, OTLP every "
             f"{args.otlp_interval:g} s, {args.minutes:g} min ({results['commit']}, {results['date']})"

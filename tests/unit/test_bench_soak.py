@@ -87,3 +87,14 @@ def test_collection_means_from_the_first_and_last_stats_that_have_them() -> None
     means = collection_means(stats)
     assert means["prometheus_wall"] == pytest.approx(50.0) and means["prometheus_cpu"] == pytest.approx(30.0)
     assert means["otlp_wall"] is None
+
+
+def test_the_png_goes_beside_the_json_unless_told_otherwise() -> None:
+    from pathlib import Path
+
+    from bench.soak import plot_path
+
+    assert plot_path(Path("bench/results/soak/soak.json"), None) == Path("bench/results/soak/soak.png")
+    assert plot_path(Path("bench/results/soak/soak.json"), Path("/tmp/x.png")) == Path("/tmp/x.png")
+    assert plot_path(Path("bench/results/soak/soak.json"), None, no_plot=True) is None
+    assert plot_path(None, None) is None
