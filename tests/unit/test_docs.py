@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
+import re
 from pathlib import Path
 
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader, Sum
 
-from otel_dra.cluster import joins
+from otel_dra.cli import build_parser
+from otel_dra.cli.flags import add_flag
+from otel_dra.cluster import joined_families
 from otel_dra.cluster.exporter import SEED_FAMILIES, ClusterState, all_families
 from otel_dra.cluster.selection import FamilySelection
 from otel_dra.kube.client import RequestRecord
@@ -177,7 +181,7 @@ def test_joined_family_needs_documented():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 2 and cells[0].startswith("`kube_"):
             documented[cells[0].strip("`")] = tuple(r.strip("` ") for r in cells[1].split(","))
-    assert documented == {f.prom_name: f.reads for f in joins.ALL_FAMILIES}
+    assert documented == {f.prom_name: f.reads for f in joined_families.ALL_FAMILIES}
     # The example allowlist is the seven seed families.
     example = FamilySelection.parse(
         section.split("--metric-allowlist='", 1)[1].split("'", 1)[0], allow=True, names=NAMES
@@ -207,3 +211,184 @@ def test_the_testbed_release_table_is_the_tables_own() -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "testbed.md").read_text()
     begin, end = text.index("-->\n", text.index("<!-- releases:begin")) + 4, text.index("<!-- releases:end -->")
     assert text[begin:end] == release_table()
+
+
+# --- the flag tables of docs/exporter.md, docs/plugin.md and docs/testbed.md ------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+# The commands whose flags a doc's tables list; each table sits under a heading that names its
+# command in backticks (`otel-dra testbed up`).
+FLAG_DOCS = {
+    "exporter.md": ("exporter",),
+    "plugin.md": ("plugin",),
+    "testbed.md": ("testbed build", "testbed up"),
+}
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+
+
+def flag_tables(text: str) -> dict[str, list[dict[str, str]]]:
+    """Each table of ``text`` whose first column is ``flag``, as rows by column name, keyed by the
+    command that the nearest heading above it names (`otel-dra <command>`)."""
+    tables: dict[str, list[dict[str, str]]] = {}
+    heading, code = "", False
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("```"):
+            code = not code
+        elif code:
+            continue
+        elif line.startswith("#"):
+            heading = line
+        elif line.startswith("| flag |"):
+            command = re.search(r"`otel-dra ([a-z][a-z -]*)`", heading)
+            assert command, f"a flag table under {heading!r} names no command in its heading"
+            header = _cells(line)
+            rows = []
+            for row in lines[i + 2 :]:
+                if not row.startswith("|"):
+                    break
+                rows.append(dict(zip(header, _cells(row), strict=True)))
+            assert command.group(1) not in tables, f"two flag tables for `otel-dra {command.group(1)}`"
+            tables[command.group(1)] = rows
+    return tables
+
+
+def command_flags(command: str) -> dict[str, argparse.Action]:
+    """The options of ``otel-dra <command>`` (``testbed up``: a subcommand), by their long name, from
+    the parser the CLI itself builds."""
+    words = command.split()
+    parser = build_parser(words[0])
+    for word in words:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[word]
+    return {
+        a.option_strings[-1]: a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)
+    }
+
+
+def _shown_default(action: argparse.Action) -> str | None:
+    """The default as a table writes it; None where the table describes it in words (no value)."""
+    if action.required:
+        return "required"
+    if isinstance(action, argparse._StoreTrueAction):
+        return "off"
+    default = action.default
+    if default is None or default in ("", [], {}):
+        return None
+    if isinstance(default, bool):
+        return "true" if default else "false"
+    if isinstance(default, float) and default.is_integer():
+        return str(int(default))
+    names = getattr(default, "names", None)  # --device-attributes: the parsed list
+    return ",".join(names) if names is not None else str(default)
+
+
+def flag_table_errors(command: str, rows: list[dict[str, str]], actions: dict[str, argparse.Action]) -> list[str]:
+    """What a flag table gets wrong about ``actions``: a flag missing or unknown, another spelling,
+    the environment variable ``add_flag`` binds, the default."""
+    errors = []
+    documented = {}
+    for row in rows:
+        names = re.findall(r"`(-[^`]+)`", row["flag"])
+        if not names:
+            errors.append(f"otel-dra {command}: a row names no flag: {row['flag']!r}")
+            continue
+        documented[names[-1]] = (names, row)
+    for flag in sorted(set(actions) - set(documented)):
+        errors.append(f"otel-dra {command} {flag} is not documented")
+    for flag in sorted(set(documented) - set(actions)):
+        errors.append(f"otel-dra {command} {flag} is documented but does not exist")
+    for flag in sorted(set(actions) & set(documented)):
+        action, (names, row) = actions[flag], documented[flag]
+        if names != action.option_strings:
+            errors.append(f"otel-dra {command} {flag}: documented as {names}, defined as {action.option_strings}")
+        bound = re.search(r"\[env (\w+)\]", action.help or "")
+        env = row.get("environment")
+        if env is not None:
+            if bound is not None and env != f"`{bound.group(1)}`":
+                errors.append(f"otel-dra {command} {flag}: environment {env}, the flag reads {bound.group(1)}")
+            # A flag without a variable of its own may name one its help text names (KUBECONFIG).
+            if bound is None and env != "—" and env.strip("`") not in (action.help or ""):
+                errors.append(f"otel-dra {command} {flag}: environment {env}, the flag reads none")
+        shown, cell = _shown_default(action), row.get("default")
+        if cell is not None and shown is not None and cell.replace("`", "").split(" (")[0].strip() != shown:
+            errors.append(f"otel-dra {command} {flag}: default {cell!r}, the flag's is {shown!r}")
+    return errors
+
+
+def test_the_flag_tables_are_the_clis_flags() -> None:
+    """Every flag of `otel-dra exporter`, `plugin`, `testbed build` and `testbed up` is a row of its
+    table in docs/, and every row is a flag, with the flag's environment variable and default."""
+    errors = []
+    for doc, commands in FLAG_DOCS.items():
+        tables = flag_tables((ROOT / "docs" / doc).read_text())
+        assert sorted(tables) == sorted(commands), f"docs/{doc}: flag tables for {sorted(tables)}"
+        for command in commands:
+            errors += flag_table_errors(command, tables[command], command_flags(command))
+    assert errors == []
+
+
+def test_the_flag_check_fails_for_an_undocumented_flag_or_a_wrong_row() -> None:
+    """The check above finds a flag added without a row, a row without a flag, a wrong variable."""
+    rows = flag_tables((ROOT / "docs" / "exporter.md").read_text())["exporter"]
+    actions = command_flags("exporter")
+    parser = argparse.ArgumentParser()
+    add_flag(parser, "--new-flag", "OTEL_DRA_NEW_FLAG", "a flag without docs", default=3)
+    actions["--new-flag"] = parser._actions[-1]
+    wrong = [dict(row, environment="`OTEL_DRA_OTHER`") if row["flag"] == "`--port`" else row for row in rows]
+    wrong.append({"flag": "`--gone`", "environment": "—", "default": "1", "meaning": "removed"})
+    assert flag_table_errors("exporter", wrong, actions) == [
+        "otel-dra exporter --new-flag is not documented",
+        "otel-dra exporter --gone is documented but does not exist",
+        "otel-dra exporter --port: environment `OTEL_DRA_OTHER`, the flag reads OTEL_DRA_PORT",
+    ]
+
+
+# --- links between the README and the docs ---------------------------------------------------------
+
+LINKED_DOCS = ("README.md", "CONTRIBUTING.md", *(f"docs/{name}" for name in (*FLAG_DOCS, "deploy.md")))
+
+
+def _anchors(text: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation but `-` and `_` dropped, spaces as `-`."""
+    anchors: set[str] = set()
+    code = False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            code = not code
+        elif not code and line.startswith("#"):
+            slug = re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+            n = sum(1 for a in anchors if a == slug or re.fullmatch(re.escape(slug) + r"-\d+", a))
+            anchors.add(f"{slug}-{n}" if n else slug)
+    return anchors
+
+
+def test_relative_links_and_anchors_resolve() -> None:
+    """Every relative link of the README and of the docs pages it points to names a file that
+    exists, and a heading of that file where it names one (docs moved out of the README keep working)."""
+    broken = []
+    for doc in LINKED_DOCS:
+        path = ROOT / doc
+        text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            linked = (path.parent / file).resolve() if file else path
+            if not linked.exists():
+                broken.append(f"{doc}: {target} (no such file)")
+            elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked.read_text()):
+                broken.append(f"{doc}: {target} (no such heading)")
+    assert broken == []
+
+
+def test_readme_stays_short_and_starts_with_the_two_commands() -> None:
+    """The README is read in five minutes: at most 250 lines, and its first commands are the demo
+    and the whole test suite (`.ci/run` calls `make test`)."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    first = text.split("```sh\n", 1)[1].split("```", 1)[0].splitlines()
+    assert [line.split()[:2] for line in first] == [["make", "run"], ["make", "test"]]
