@@ -252,14 +252,14 @@ def place(client: Any, namespace: str, name: str, node: str, device_class: str, 
 
 def state_family_objects() -> list[Any]:
     """Every cluster-state family beyond the seed (otel_dra.cluster.families.Family)."""
-    from otel_dra.cluster import deviceclass, devicetaintrule, joins, resourceclaim, resourceslice
+    from otel_dra.cluster import deviceclass, devicetaintrule, joined_families, resourceclaim, resourceslice
 
     return [
         *resourceclaim.STATE_FAMILIES,
         *resourceslice.STATE_FAMILIES,
         *deviceclass.STATE_FAMILIES,
         *devicetaintrule.STATE_FAMILIES,
-        *joins.ALL_FAMILIES,
+        *joined_families.ALL_FAMILIES,
     ]
 
 

@@ -215,8 +215,7 @@ def start_exporter(
 ) -> ExporterApp:
     from otel_dra.cluster.exporter import ClusterState
     from otel_dra.kube.client import KubeClient, load_credentials
-    from otel_dra.telemetry.exposition import assemble
-    from otel_dra.telemetry.http import Endpoints, MetricsServer, NotReady
+    from otel_dra.telemetry.http import MetricsServer
     from otel_dra.telemetry.priority import ScrapePriority
     from otel_dra.telemetry.provider import build_metrics_pipeline
 
@@ -245,15 +244,42 @@ def start_exporter(
     if state.shard.sharded:
         log.info("serving shard %d of %d", state.shard.index, state.shard.total)
     if families is not None:
-        from otel_dra.cluster.exporter import all_families
+        _log_served_families(state, families)
+    priority = ScrapePriority()
+    pusher = _state_pusher(state, pipeline, priority) if pipeline.otlp is not None else None
+    web = web or WebOptions()
+    access = build_access(web, client)
+    server = MetricsServer(_endpoints(state, pipeline, priority), address, port, access.security, web.limits)
+    state.start()
+    server.start()
+    if pusher is not None:
+        pusher.start()
+    log.info(
+        "serving /metrics, /healthz, /readyz on %s:%d (/metrics: %s)",
+        address or "0.0.0.0",
+        server.port,
+        describe(access),
+    )
+    return ExporterApp(server, state, pipeline, pusher, access.authorizer)
 
-        served = sum(len(store.families) for store in state.series_stores)
-        log.info(
-            "serving %d of the %d cluster-state families (%s)",
-            served,
-            len(all_families()),
-            METRIC_LISTS[families.allow][0],
-        )
+
+def _log_served_families(state: Any, families: Any) -> None:
+    from otel_dra.cluster.exporter import all_families
+
+    served = sum(len(store.families) for store in state.series_stores)
+    log.info(
+        "serving %d of the %d cluster-state families (%s)",
+        served,
+        len(all_families()),
+        METRIC_LISTS[families.allow][0],
+    )
+
+
+def _endpoints(state: Any, pipeline: Any, priority: Any) -> Any:
+    """What the exporter's HTTP server answers: /metrics from the state's blocks (only once the
+    caches are in sync), /readyz from whether they are, and each scrape's time."""
+    from otel_dra.telemetry.exposition import assemble
+    from otel_dra.telemetry.http import Endpoints, NotReady
 
     # A scrape thread waiting for the GIL while another thread runs Python (a watch burst, an OTLP
     # push) waits up to the switch interval; 1 ms instead of 5 ms keeps scrapes responsive. Not
@@ -264,7 +290,7 @@ def start_exporter(
     serving = threading.Event()
 
     def not_synced() -> str | None:
-        reason = state.not_synced()
+        reason: str | None = state.not_synced()
         if reason is None and not serving.is_set():
             sys.setswitchinterval(0.001)
             serving.set()
@@ -280,41 +306,27 @@ def start_exporter(
         if ok:
             state.record_collection(seconds, "prometheus", cpu_seconds)
 
-    priority = ScrapePriority()
-    pusher = None
-    if pipeline.otlp is not None:
-        from otel_dra.cluster.exporter import SCOPE
-        from otel_dra.telemetry.otlp_encode import RequestBuilder
-        from otel_dra.telemetry.otlp_push import PreEncodedPusher, raw_sender
+    return Endpoints(scrape, not_synced, on_scrape, priority)
 
-        def on_export(seconds: float, cpu_seconds: float, ok: bool) -> None:
-            state.record_collection(seconds, "otlp", cpu_seconds)
-            log.debug("OTLP state push: %.3fs wall, %.3fs CPU, ok=%s", seconds, cpu_seconds, ok)
 
-        pusher = PreEncodedPusher(
-            state.otlp_source,
-            RequestBuilder(pipeline.resource, SCOPE, __version__),
-            raw_sender(pipeline.otlp),
-            on_export=on_export,
-            on_dropped=state.record_dropped_points,
-            priority=priority,
-        )
-    web = web or WebOptions()
-    access = build_access(web, client)
-    server = MetricsServer(
-        Endpoints(scrape, not_synced, on_scrape, priority), address, port, access.security, web.limits
+def _state_pusher(state: Any, pipeline: Any, priority: Any) -> Any:
+    """The OTLP push of the cluster state (pre-encoded points), yielding to scrapes (``priority``)."""
+    from otel_dra.cluster.exporter import SCOPE
+    from otel_dra.telemetry.otlp_encode import RequestBuilder
+    from otel_dra.telemetry.otlp_push import PreEncodedPusher, raw_sender
+
+    def on_export(seconds: float, cpu_seconds: float, ok: bool) -> None:
+        state.record_collection(seconds, "otlp", cpu_seconds)
+        log.debug("OTLP state push: %.3fs wall, %.3fs CPU, ok=%s", seconds, cpu_seconds, ok)
+
+    return PreEncodedPusher(
+        state.otlp_source,
+        RequestBuilder(pipeline.resource, SCOPE, __version__),
+        raw_sender(pipeline.otlp),
+        on_export=on_export,
+        on_dropped=state.record_dropped_points,
+        priority=priority,
     )
-    state.start()
-    server.start()
-    if pusher is not None:
-        pusher.start()
-    log.info(
-        "serving /metrics, /healthz, /readyz on %s:%d (/metrics: %s)",
-        address or "0.0.0.0",
-        server.port,
-        describe(access),
-    )
-    return ExporterApp(server, state, pipeline, pusher, access.authorizer)
 
 
 def cmd_exporter(args: argparse.Namespace) -> int:

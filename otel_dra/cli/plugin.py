@@ -262,30 +262,14 @@ def start_plugin(
     """Start the plugin. ``tracer_provider`` and ``nvml`` replace what the environment would give
     (tests); ``on_fatal`` is called from a background thread when the plugin cannot go on."""
     from otel_dra.kube.client import KubeClient, RetryPolicy, load_credentials
-    from otel_dra.plugin.cdi import CdiWriter
-    from otel_dra.plugin.checkpoint import Checkpoint
-    from otel_dra.plugin.devices import Device, simulated_devices
-    from otel_dra.plugin.driver import Driver, Inventory
-    from otel_dra.plugin.health import DeviceTaints, HealthState, HealthStreams, SimulatedHealth
+    from otel_dra.plugin.health import HealthStreams
     from otel_dra.plugin.metrics import PluginMetrics
     from otel_dra.plugin.server import HealthServer, PluginServer
     from otel_dra.plugin.slices import SlicePublisher
-    from otel_dra.telemetry.exposition import assemble
-    from otel_dra.telemetry.http import Endpoints, MetricsServer
-    from otel_dra.telemetry.provider import build_metrics_pipeline, make_resource
-    from otel_dra.telemetry.tracing import TracingPipeline, build_tracing_pipeline
 
     credentials = load_credentials(kubeconfig)
     log.info("using Kubernetes credentials from %s (server %s)", credentials.source, credentials.host)
-    if tracer_provider is not None:
-        tracing = TracingPipeline(tracer_provider, make_resource("otel-dra-plugin", __version__))
-    else:
-        tracing = build_tracing_pipeline(service_name="otel-dra-plugin", version=__version__)
-    if tracing.enabled:
-        log.info("exporting traces (%s) to %s", tracing.exporter_name, tracing.otlp.endpoint if tracing.otlp else "-")
-    pipeline = build_metrics_pipeline(service_name="otel-dra-plugin", version=__version__)
-    if pipeline.otlp is not None:
-        log.info("pushing metrics over OTLP (%s) to %s", pipeline.otlp.protocol, pipeline.otlp.endpoint)
+    tracing, pipeline = _plugin_telemetry(tracer_provider)
     metrics = PluginMetrics(pipeline.meter_provider)
     client = KubeClient(
         credentials,
@@ -293,60 +277,11 @@ def start_plugin(
         retry=RetryPolicy(),
         user_agent=f"otel-dra-plugin/{__version__}",
     )
-
-    if device_source == "nvml":
-        from otel_dra.plugin.nvml import DiscoveryError
-        from otel_dra.plugin.nvml import discover as nvml_discover
-
-        last: list[Device] = []
-
-        def discover() -> list[Device]:
-            try:
-                found = nvml_discover(nvml)
-            except DiscoveryError as exc:
-                # A GPU fallen off the bus fails discovery (NVML_ERROR_GPU_IS_LOST): keep publishing
-                # what was there, so that the health monitor's taint marks it, instead of a fatal
-                # error at the next resync. Any other discovery error stays fatal.
-                if last and getattr(exc.__cause__, "value", None) == GPU_IS_LOST:
-                    log.warning("device discovery failed, keeping the devices found before: %s", exc)
-                    return list(last)
-                raise
-            last[:] = found
-            return found
-    else:
-
-        def discover() -> list[Device]:
-            return simulated_devices(node_name, num_devices)
-
-    started: list[Any] = []
+    discover = _device_discovery(device_source, node_name, num_devices, nvml)
+    started: list[Any] = []  # stopped again, last first, when a later step fails
     try:
-        devices = discover()  # at start-up, so that a broken device source fails loudly here
-        log.info("%d device(s) from %s: %s", len(devices), device_source, ", ".join(d.name for d in devices) or "-")
-        inventory = Inventory(devices)
-        health_state = HealthState()
-        health_state.set_devices([d.name for d in devices])
-
-        def on_devices(found: list[Device]) -> None:
-            inventory.replace(found)
-            health_state.set_devices([d.name for d in found])
-
-        cdi = CdiWriter(cdi_root, driver_name, node_name)
-        cdi.write_common()
-        checkpoint = Checkpoint(plugins_dir / driver_name / "checkpoint.json")
-        if checkpoint.broken is not None:
-            # Not fatal: exiting would restart into the same file (a crash loop); every claim's
-            # prepare and unprepare reports it instead until the operator acts (README, "The checkpoint").
-            log.error("%s", checkpoint.broken)
-        driver = Driver(
-            client=client,
-            driver_name=driver_name,
-            node_name=node_name,
-            inventory=inventory,
-            cdi=cdi,
-            checkpoint=checkpoint,
-            metrics=metrics,
-            tracer_provider=tracing.tracer_provider,
-        )
+        inventory, health_state, on_devices = _node_devices(discover, device_source)
+        driver = _claim_driver(client, metrics, tracing, inventory, driver_name, node_name, cdi_root, plugins_dir)
         publishers: list[SlicePublisher] = []
         server = PluginServer(
             driver,
@@ -364,73 +299,32 @@ def start_plugin(
         started.append(server)
         app = PluginApp(server, None, driver, pipeline, tracing, remove_slices_on_exit=remove_slices_on_exit)
         app.device_health = health_state
-        streams = server.health
-        metrics.observe_state(
-            prepared_devices=lambda: _prepared_devices(checkpoint),
-            device_health=lambda: [(node_name, e.device, e.health.name.title()) for e in health_state.snapshot()],
-            health_streams=None if streams is None else lambda: streams.active,
-        )
-
-        def fatal(exc: BaseException) -> None:
-            metrics.fatal_error()
-            app.fatal = exc
-            if on_fatal is not None:
-                on_fatal(exc)
-
-        publisher = SlicePublisher(
+        _observe_plugin_state(metrics, driver.checkpoint, health_state, server.health, node_name)
+        publisher = _start_publisher(
+            app,
             client,
+            metrics,
             driver_name=driver_name,
             node_name=node_name,
             discover=discover,
             on_devices=on_devices,
-            on_fatal=fatal,
+            on_fatal=on_fatal,
             resync=resync,
-            device_taints=None
-            if unhealthy_device_taint == "none"
-            else DeviceTaints(health_state, driver_name, unhealthy_device_taint),
+            unhealthy_device_taint=unhealthy_device_taint,
         )
-        app.publisher = publisher
-        health_state.add_listener(publisher.trigger)  # a sick or recovered device: republish now
-        publisher.start()
         publishers.append(publisher)
         started.append(publisher)
-        if device_source == "simulated":
-            app.health_source = SimulatedHealth(
-                health_state, health_dir or plugins_dir / driver_name / "health", poll_seconds=health_poll
-            ).start()
+        app.health_source = _start_health_source(
+            health_state, device_source, nvml, health_dir or plugins_dir / driver_name / "health", health_poll
+        )
+        if app.health_source is not None:
             started.append(app.health_source)
-        elif device_source == "nvml":
-            from otel_dra.plugin.nvml import load_nvml
-            from otel_dra.plugin.nvml_health import NvmlHealth
-
-            nvml_module = nvml if nvml is not None else load_nvml()
-            try:
-                app.health_source = NvmlHealth(health_state, nvml_module).start()
-                started.append(app.health_source)
-            except nvml_module.NVMLError as exc:
-                # The devices were found: serve them, without health events, and say so.
-                log.error("NVML event monitoring is unavailable, devices are reported healthy: %s", exc)
         if healthcheck_port >= 0:
             app.health = HealthServer(server, healthcheck_port).start()
             started.append(app.health)
             log.info("serving gRPC health on :%d", app.health.port)
         if metrics_port >= 0:
-
-            def scrape(openmetrics: bool, gzipped: bool) -> list[bytes]:
-                return assemble(pipeline.registry, [], openmetrics, gzipped)
-
-            web = web or WebOptions()
-            access = build_access(web, client)
-            app.metrics_authorizer = access.authorizer
-            app.metrics_server = MetricsServer(
-                Endpoints(scrape, lambda: None), metrics_address, metrics_port, access.security, web.limits
-            ).start()
-            log.info(
-                "serving metrics on %s:%d (/metrics: %s)",
-                metrics_address or "0.0.0.0",
-                app.metrics_server.port,
-                describe(access),
-            )
+            _serve_plugin_metrics(app, client, web or WebOptions(), metrics_address, metrics_port)
     except BaseException:
         for part in reversed(started):
             part.stop()
@@ -438,6 +332,208 @@ def start_plugin(
         pipeline.shutdown()
         raise
     return app
+
+
+def _node_devices(discover: Callable[[], list[Any]], source: str) -> tuple[Any, Any, Callable[[list[Any]], None]]:
+    """This node's devices, found now (so that a broken device source fails loudly at start-up):
+    the driver's inventory, the health state of each, and what keeps both up to date when the slice
+    publisher finds them again."""
+    from otel_dra.plugin.devices import Device
+    from otel_dra.plugin.driver import Inventory
+    from otel_dra.plugin.health import HealthState
+
+    devices = discover()
+    log.info("%d device(s) from %s: %s", len(devices), source, ", ".join(d.name for d in devices) or "-")
+    inventory = Inventory(devices)
+    health_state = HealthState()
+    health_state.set_devices([d.name for d in devices])
+
+    def on_devices(found: list[Device]) -> None:
+        inventory.replace(found)
+        health_state.set_devices([d.name for d in found])
+
+    return inventory, health_state, on_devices
+
+
+def _claim_driver(
+    client: Any,
+    metrics: Any,
+    tracing: Any,
+    inventory: Any,
+    driver_name: str,
+    node_name: str,
+    cdi_root: Path,
+    plugins_dir: Path,
+) -> Any:
+    """The driver that prepares claims, with its CDI directory (the common spec written) and its
+    checkpoint (an unreadable one is reported, not fatal)."""
+    from otel_dra.plugin.cdi import CdiWriter
+    from otel_dra.plugin.checkpoint import Checkpoint
+    from otel_dra.plugin.driver import Driver
+
+    cdi = CdiWriter(cdi_root, driver_name, node_name)
+    cdi.write_common()
+    checkpoint = Checkpoint(plugins_dir / driver_name / "checkpoint.json")
+    if checkpoint.broken is not None:
+        # Not fatal: exiting would restart into the same file (a crash loop); every claim's
+        # prepare and unprepare reports it instead until the operator acts (docs/plugin.md, "The checkpoint").
+        log.error("%s", checkpoint.broken)
+    return Driver(
+        client=client,
+        driver_name=driver_name,
+        node_name=node_name,
+        inventory=inventory,
+        cdi=cdi,
+        checkpoint=checkpoint,
+        metrics=metrics,
+        tracer_provider=tracing.tracer_provider,
+    )
+
+
+def _observe_plugin_state(metrics: Any, checkpoint: Any, health_state: Any, streams: Any, node_name: str) -> None:
+    """The plugin's observable gauges: prepared devices, device health, the kubelet's health streams."""
+    metrics.observe_state(
+        prepared_devices=lambda: _prepared_devices(checkpoint),
+        device_health=lambda: [(node_name, e.device, e.health.name.title()) for e in health_state.snapshot()],
+        health_streams=None if streams is None else lambda: streams.active,
+    )
+
+
+def _plugin_telemetry(tracer_provider: Any) -> tuple[Any, Any]:
+    """The plugin's tracing pipeline (on ``tracer_provider`` when given) and metrics pipeline."""
+    from otel_dra.telemetry.provider import build_metrics_pipeline, make_resource
+    from otel_dra.telemetry.tracing import TracingPipeline, build_tracing_pipeline
+
+    if tracer_provider is not None:
+        tracing = TracingPipeline(tracer_provider, make_resource("otel-dra-plugin", __version__))
+    else:
+        tracing = build_tracing_pipeline(service_name="otel-dra-plugin", version=__version__)
+    if tracing.enabled:
+        log.info("exporting traces (%s) to %s", tracing.exporter_name, tracing.otlp.endpoint if tracing.otlp else "-")
+    pipeline = build_metrics_pipeline(service_name="otel-dra-plugin", version=__version__)
+    if pipeline.otlp is not None:
+        log.info("pushing metrics over OTLP (%s) to %s", pipeline.otlp.protocol, pipeline.otlp.endpoint)
+    return tracing, pipeline
+
+
+def _device_discovery(device_source: str, node_name: str, num_devices: int, nvml: Any) -> Callable[[], list[Any]]:
+    """What finds this node's devices, at start-up and at each resync of the slices."""
+    from otel_dra.plugin.devices import Device, simulated_devices
+
+    if device_source != "nvml":
+
+        def simulated() -> list[Device]:
+            return simulated_devices(node_name, num_devices)
+
+        return simulated
+
+    from otel_dra.plugin.nvml import DiscoveryError
+    from otel_dra.plugin.nvml import discover as nvml_discover
+
+    last: list[Device] = []
+
+    def discover() -> list[Device]:
+        try:
+            found = nvml_discover(nvml)
+        except DiscoveryError as exc:
+            # A GPU fallen off the bus fails discovery (NVML_ERROR_GPU_IS_LOST): keep publishing
+            # what was there, so that the health monitor's taint marks it, instead of a fatal
+            # error at the next resync. Any other discovery error stays fatal.
+            if last and getattr(exc.__cause__, "value", None) == GPU_IS_LOST:
+                log.warning("device discovery failed, keeping the devices found before: %s", exc)
+                return list(last)
+            raise
+        last[:] = found
+        return found
+
+    return discover
+
+
+def _start_publisher(
+    app: PluginApp,
+    client: Any,
+    metrics: Any,
+    *,
+    driver_name: str,
+    node_name: str,
+    discover: Callable[[], list[Any]],
+    on_devices: Callable[[list[Any]], None],
+    on_fatal: Callable[[BaseException], None] | None,
+    resync: float,
+    unhealthy_device_taint: str,
+) -> Any:
+    """The ResourceSlice publisher, started: it republishes when a device's health changes, and an
+    error it cannot get past is the plugin's fatal error."""
+    from otel_dra.plugin.health import DeviceTaints
+    from otel_dra.plugin.slices import SlicePublisher
+
+    health_state = app.device_health
+
+    def fatal(exc: BaseException) -> None:
+        metrics.fatal_error()
+        app.fatal = exc
+        if on_fatal is not None:
+            on_fatal(exc)
+
+    publisher = SlicePublisher(
+        client,
+        driver_name=driver_name,
+        node_name=node_name,
+        discover=discover,
+        on_devices=on_devices,
+        on_fatal=fatal,
+        resync=resync,
+        device_taints=None
+        if unhealthy_device_taint == "none"
+        else DeviceTaints(health_state, driver_name, unhealthy_device_taint),
+    )
+    app.publisher = publisher
+    health_state.add_listener(publisher.trigger)  # a sick or recovered device: republish now
+    publisher.start()
+    return publisher
+
+
+def _start_health_source(health_state: Any, device_source: str, nvml: Any, health_dir: Path, poll: float) -> Any:
+    """What tells the devices' health, started: a directory for simulated devices, NVML events for
+    real ones; None when NVML cannot watch events (the devices are then reported healthy)."""
+    if device_source == "simulated":
+        from otel_dra.plugin.health import SimulatedHealth
+
+        return SimulatedHealth(health_state, health_dir, poll_seconds=poll).start()
+    if device_source == "nvml":
+        from otel_dra.plugin.nvml import load_nvml
+        from otel_dra.plugin.nvml_health import NvmlHealth
+
+        nvml_module = nvml if nvml is not None else load_nvml()
+        try:
+            return NvmlHealth(health_state, nvml_module).start()
+        except nvml_module.NVMLError as exc:
+            # The devices were found: serve them, without health events, and say so.
+            log.error("NVML event monitoring is unavailable, devices are reported healthy: %s", exc)
+    return None
+
+
+def _serve_plugin_metrics(app: PluginApp, client: Any, web: WebOptions, address: str, port: int) -> None:
+    """/metrics of the plugin's own registry, behind the web options' security."""
+    from otel_dra.telemetry.exposition import assemble
+    from otel_dra.telemetry.http import Endpoints, MetricsServer
+
+    pipeline = app.metrics_pipeline
+
+    def scrape(openmetrics: bool, gzipped: bool) -> list[bytes]:
+        return assemble(pipeline.registry, [], openmetrics, gzipped)
+
+    access = build_access(web, client)
+    app.metrics_authorizer = access.authorizer
+    app.metrics_server = MetricsServer(
+        Endpoints(scrape, lambda: None), address, port, access.security, web.limits
+    ).start()
+    log.info(
+        "serving metrics on %s:%d (/metrics: %s)",
+        address or "0.0.0.0",
+        app.metrics_server.port,
+        describe(access),
+    )
 
 
 def cmd_plugin(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
 from otel_dra import __version__
-from otel_dra.cluster import deviceclass, devicetaintrule, joins, pod, resourceclaim, resourceslice
+from otel_dra.cluster import deviceclass, devicetaintrule, joined_families, pod, resourceclaim, resourceslice
 from otel_dra.cluster.families import Family
 from otel_dra.cluster.joins import Joins
 from otel_dra.cluster.resourceslice import DEFAULT_ATTRIBUTES, DeviceAttributes
@@ -126,7 +126,7 @@ SEED_FAMILIES: tuple[Family[Any], ...] = (*resourceclaim.FAMILIES, *resourceslic
 
 def all_families() -> tuple[Family[Any], ...]:
     """Every cluster-state family, per-object and joined (what the metric lists select from)."""
-    return (*(f for families in object_families().values() for f in families), *joins.ALL_FAMILIES)
+    return (*(f for families in object_families().values() for f in families), *joined_families.ALL_FAMILIES)
 
 
 class ClusterState:
@@ -167,6 +167,45 @@ class ClusterState:
         self.server_version: devicetaintrule.ServerVersion | None = None
         if devicetaintrule.RESOURCE.plural in self.joins.reads:
             self.server_version = devicetaintrule.ServerVersion(client, self.joins.set_server_version)
+        self.stores: list[ObjectStore[Any]] = []
+        self.reflectors: list[Reflector] = []
+        for watched in self._resources(shard, keep, device_attributes, pods):
+            rtype = watched.resource
+            served = families.select(own[rtype.plural])
+            joined = rtype.plural in self.joins.reads
+            if not served and not joined:
+                log.info("not watching %s: no served family needs them", rtype.plural)
+                continue
+            store = self._store(watched, served, joined, otlp)
+            self.stores.append(store)
+            self.reflectors.append(
+                Reflector(
+                    client,
+                    rtype,
+                    store,
+                    events=self._metrics,
+                    stale_after=stale_after,
+                    page_size=page_size,
+                    discover=watched.discover,
+                    optional=watched.optional,
+                    on_connect=watched.on_connect,
+                )
+            )
+        by_resource = {store.resource: store for store in self.stores}
+        self.claims = by_resource.get(resourceclaim.RESOURCE.plural)
+        self.slices = by_resource.get(resourceslice.RESOURCE.plural)
+        self.classes = by_resource.get(deviceclass.RESOURCE.plural)
+        self.taint_rules = by_resource.get(devicetaintrule.RESOURCE.plural)
+        self.pods = by_resource.get(pod.RESOURCE.plural)
+        # Everything that renders series: the objects' own, then the joins'.
+        self.series_stores: list[SeriesStore[Any]] = [*self.stores, *self.joins.stores]
+        self._observe_cache(meter_provider)
+
+    def _resources(
+        self, shard: Shard, keep: set[str], device_attributes: DeviceAttributes, pods: bool
+    ) -> list[_Watched]:
+        """The resources the collector may watch, with their parsers (keeping the fields ``keep``
+        names), which objects this replica renders, and the joins' hooks."""
         resources = [
             _Watched(resourceclaim.RESOURCE, resourceclaim.make_parser(keep), shard.owns, self.joins.claims_changed),
             _Watched(
@@ -192,47 +231,22 @@ class ClusterState:
             resources.append(_Watched(pod.RESOURCE, pod.make_parser(keep), shard.owns, None, optional=True))
         else:
             log.info("not watching pods: --watch-pods is off")
-        self.stores: list[ObjectStore[Any]] = []
-        self.reflectors: list[Reflector] = []
-        by_resource: dict[str, ObjectStore[Any]] = {}
-        for watched in resources:
-            rtype = watched.resource
-            served = families.select(own[rtype.plural])
-            joined = rtype.plural in self.joins.reads
-            if not served and not joined:
-                log.info("not watching %s: no served family needs them", rtype.plural)
-                continue
-            store: ObjectStore[Any] = ObjectStore(
-                rtype.plural,
-                watched.parse,
-                served,
-                keep=watched.owns,
-                listener=watched.listener if joined else None,
-                on_problem=self._count_problem,
-                otlp=otlp,
-            )
-            by_resource[rtype.plural] = store
-            self.stores.append(store)
-            self.reflectors.append(
-                Reflector(
-                    client,
-                    rtype,
-                    store,
-                    events=self._metrics,
-                    stale_after=stale_after,
-                    page_size=page_size,
-                    discover=watched.discover,
-                    optional=watched.optional,
-                    on_connect=watched.on_connect,
-                )
-            )
-        self.claims = by_resource.get(resourceclaim.RESOURCE.plural)
-        self.slices = by_resource.get(resourceslice.RESOURCE.plural)
-        self.classes = by_resource.get(deviceclass.RESOURCE.plural)
-        self.taint_rules = by_resource.get(devicetaintrule.RESOURCE.plural)
-        self.pods = by_resource.get(pod.RESOURCE.plural)
-        # Everything that renders series: the objects' own, then the joins'.
-        self.series_stores: list[SeriesStore[Any]] = [*self.stores, *self.joins.stores]
+        return resources
+
+    def _store(self, watched: _Watched, served: tuple[Family[Any], ...], joined: bool, otlp: bool) -> ObjectStore[Any]:
+        """The store of a watched resource: its served families, and the joins told of its changes
+        when they read it."""
+        return ObjectStore(
+            watched.resource.plural,
+            watched.parse,
+            served,
+            keep=watched.owns,
+            listener=watched.listener if joined else None,
+            on_problem=self._count_problem,
+            otlp=otlp,
+        )
+
+    def _observe_cache(self, meter_provider: MeterProvider) -> None:
         meter = meter_provider.get_meter(SCOPE, __version__)
         meter.create_observable_gauge(
             "otel_dra.cache.objects",

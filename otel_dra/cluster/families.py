@@ -25,7 +25,7 @@ class Family(Generic[T]):
     stability: str
     samples: Callable[[T], Iterable[Sample]]
     # The watched resources (plural names) whose objects the values are computed from, for the
-    # families of otel_dra/cluster/joins.py; a per-object family reads its own resource only.
+    # families of otel_dra/cluster/joined_families.py; a per-object family reads its own resource only.
     reads: tuple[str, ...] = ()
     # The optional fields of the slim objects (the FIELDS of resourceclaim, resourceslice and pod; their
     # names are unique across the slim types) that the samples read; a store keeps only the fields

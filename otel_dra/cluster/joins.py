@@ -26,29 +26,54 @@ a store whose families are all off does not exist, and neither does the work and
 only it needs (slice evaluation and the device index, pool sums, pricing, the leak clock). Each
 family names the resources it reads (``Family.reads``); :attr:`Joins.reads` is their union, the
 resources the exporter must watch for the joins.
+
+This module is the engine: the indexes, the listeners and the batch. The families and the values
+they render are data in :mod:`otel_dra.cluster.joined_families`; what a slice, a pool generation
+or a claim's price comes to is computed by the pure functions of :mod:`otel_dra.cluster.evaluation`;
+the leak clock is :mod:`otel_dra.cluster.leaks`.
 """
 
 from __future__ import annotations
 
 import bisect
-import heapq
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from otel_dra.cluster.deviceclass import RESOURCE as DEVICECLASSES
 from otel_dra.cluster.deviceclass import DeviceClass
-from otel_dra.cluster.devicetaintrule import RESOURCE as DEVICETAINTRULES
 from otel_dra.cluster.devicetaintrule import DeviceTaintRule, absent_selector_matches_all
-from otel_dra.cluster.families import Family, Sample, family
-from otel_dra.cluster.fields import capacity_name
-from otel_dra.cluster.resourceclaim import RESOURCE as RESOURCECLAIMS
+from otel_dra.cluster.evaluation import (
+    Contribution,
+    CounterLookup,
+    DevKey,
+    SetKey,
+    Use,
+    claim_uses,
+    classes_of,
+    consumption,
+    evaluate,
+    pool_invalid,
+    price,
+)
+from otel_dra.cluster.families import Family
+from otel_dra.cluster.joined_families import (
+    CLAIMS,
+    COST_FAMILIES,
+    LEAK_FAMILIES,
+    POOL_COUNT_FAMILIES,
+    POOL_FAMILIES,
+    RULES,
+    SLICE_FAMILIES,
+    ClaimCost,
+    LeakedClaim,
+    PoolState,
+    SliceUsage,
+)
+from otel_dra.cluster.leaks import LeakClock
 from otel_dra.cluster.resourceclaim import Claim
-from otel_dra.cluster.resourceslice import BLOCKING_EFFECTS, COUNTER_LABELS, DEVICE_LABELS, Amounts, Device, Slice
-from otel_dra.cluster.resourceslice import RESOURCE as RESOURCESLICES
+from otel_dra.cluster.resourceslice import BLOCKING_EFFECTS, Amounts, Slice
 from otel_dra.cluster.selection import EVERYTHING, FamilySelection
 from otel_dra.cluster.sharding import Shard
 from otel_dra.cluster.store import SEGMENT, Change, SeriesStore
@@ -56,543 +81,7 @@ from otel_dra.kube.version import KubeVersion
 
 log = logging.getLogger(__name__)
 
-DevKey = tuple[str, str, str]  # (driver, pool, device): how allocation results name a device
 PoolKey = tuple[str, str]  # (driver, pool)
-SetKey = tuple[str, str, int, str]  # (driver, pool, generation, counter set): a counter set shared pool-wide
-Use = tuple[int, Amounts]  # allocation results naming a device, and their summed consumedCapacity
-Sums = dict[str, dict[str, float]]  # counter set -> counter -> amount
-# For a counter set name of a slice's pool and generation: the counters that a slice of it defines
-# (empty when none does) and what the generation's allocated devices consume from them.
-CounterLookup = Callable[[str], tuple[Amounts, Mapping[str, float]]]
-# A slice's part of its pool's counts, [devices, allocated, free], by node, and for partitionable
-# devices (those consuming shared counters) by (node, partition type).
-Contribution = dict[str | tuple[str, str], list[int]]
-
-# The resources the joined families read (Family.reads).
-CLAIMS, SLICES = RESOURCECLAIMS.plural, RESOURCESLICES.plural
-CLASSES, RULES = DEVICECLASSES.plural, DEVICETAINTRULES.plural
-# The optional slim fields (Family.fields) that evaluating a slice reads: every family computed by
-# evaluate() keeps them all, so that its inputs are complete whichever of them is served.
-EVALUATED = ("results", "capacities", "defaults", "taints", "counters", "counter_sets", "partition_type")
-
-# Reasons an allocation result cannot be priced (kube_resourceclaim_unpriced_devices).
-CLASS_NOT_FOUND = "class_not_found"
-UNRESOLVED_REQUEST = "unresolved_request"
-
-
-# --- rendered values -------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class SliceUsage:
-    """A slice joined with the claims' allocations."""
-
-    slice: Slice
-    allocated: tuple[bool, ...]  # per device
-    allocated_capacity: tuple[Amounts | None, ...]  # per device; None unless allowMultipleAllocations
-    counters_free: tuple[tuple[str, Amounts], ...]  # per shared counter set
-
-
-@dataclass(frozen=True, slots=True)
-class PoolState:
-    driver: str
-    pool: str
-    generation: int
-    incomplete: bool
-    invalid: bool
-    # Complete, valid pools only:
-    nodes: tuple[tuple[str, int, int, int], ...] = ()  # (node_name, devices, allocated, free)
-    # (node_name, partition type, devices, allocated, free), for the devices that consume counters
-    partitions: tuple[tuple[str, str, int, int, int], ...] = ()
-    counters: tuple[tuple[str, str, str, float, float], ...] = ()  # (node_name, set, counter, capacity, free)
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimCost:
-    namespace: str
-    name: str
-    costs: tuple[tuple[str, float], ...]  # (device class, hourly cost of the results priced through it)
-    unpriced: tuple[tuple[str, str, int], ...]  # (device class, reason, results)
-
-
-@dataclass(frozen=True, slots=True)
-class LeakedClaim:
-    namespace: str
-    name: str
-
-
-# --- families ----------------------------------------------------------------------------------------
-def _allocated(u: SliceUsage) -> Iterable[Sample]:
-    s = u.slice
-    for d, allocated in zip(s.devices, u.allocated, strict=True):
-        yield (s.name, s.driver, s.pool, d.node_name, d.name), 1.0 if allocated else 0.0
-
-
-def _allocated_capacity(u: SliceUsage) -> Iterable[Sample]:
-    s = u.slice
-    for d, amounts in zip(s.devices, u.allocated_capacity, strict=True):
-        for cap, value in amounts or ():
-            yield (s.name, s.driver, s.pool, d.node_name, d.name, cap), value
-
-
-def _free_capacity(u: SliceUsage) -> Iterable[Sample]:
-    s = u.slice
-    for d, amounts in zip(s.devices, u.allocated_capacity, strict=True):
-        if amounts is not None:
-            for (cap, total), (_, used) in zip(d.capacities, amounts, strict=True):
-                yield (s.name, s.driver, s.pool, d.node_name, d.name, cap), total - used
-
-
-def _counters_free(u: SliceUsage) -> Iterable[Sample]:
-    s = u.slice
-    for set_name, counters in u.counters_free:
-        for counter, value in counters:
-            yield (s.name, s.driver, s.pool, s.node_name, set_name, counter), value
-
-
-SLICE_FAMILIES: tuple[Family[SliceUsage], ...] = (
-    family(
-        "kube_resourceslice_device_allocated",
-        "",
-        "1 when a claim's allocation (adminAccess excluded) names the device, else 0.",
-        DEVICE_LABELS,
-        _allocated,
-        stability="experimental",
-        reads=(SLICES, CLAIMS),
-        fields=EVALUATED,
-    ),
-    family(
-        "kube_resourceslice_device_allocated_capacity",
-        "",
-        "Capacity of a multi-allocatable device consumed by the claims allocated to it (adminAccess excluded).",
-        (*DEVICE_LABELS, "capacity"),
-        _allocated_capacity,
-        stability="experimental",
-        reads=(SLICES, CLAIMS),
-        fields=EVALUATED,
-    ),
-    family(
-        "kube_resourceslice_device_free_capacity",
-        "",
-        "Capacity of a multi-allocatable device left for further allocations (shares).",
-        (*DEVICE_LABELS, "capacity"),
-        _free_capacity,
-        stability="experimental",
-        reads=(SLICES, CLAIMS),
-        fields=EVALUATED,
-    ),
-    family(
-        "kube_resourceslice_counter_set_free",
-        "",
-        "Shared counter capacity left after what the allocated devices of the slice's pool consume.",
-        COUNTER_LABELS,
-        _counters_free,
-        stability="experimental",
-        reads=(SLICES, CLAIMS),
-        fields=EVALUATED,
-    ),
-)
-
-
-def _pool_generation(p: PoolState) -> Iterable[Sample]:
-    yield (p.driver, p.pool), float(p.generation)
-
-
-def _pool_incomplete(p: PoolState) -> Iterable[Sample]:
-    yield (p.driver, p.pool), 1.0 if p.incomplete else 0.0
-
-
-def _pool_invalid(p: PoolState) -> Iterable[Sample]:
-    yield (p.driver, p.pool), 1.0 if p.invalid else 0.0
-
-
-def _pool_values(
-    rows: Callable[[PoolState], Iterable[Sequence[Any]]], keys: int, index: int
-) -> Callable[[PoolState], Iterable[Sample]]:
-    """Samples from the pool's rows: the first ``keys`` fields are label values, ``index`` the value."""
-
-    def samples(p: PoolState) -> Iterable[Sample]:
-        for row in rows(p):
-            yield (p.driver, p.pool, *row[:keys]), float(row[index])
-
-    return samples
-
-
-def _pool_count(index: int) -> Callable[[PoolState], Iterable[Sample]]:
-    return _pool_values(lambda p: p.nodes, 1, index)
-
-
-def _partition_count(index: int) -> Callable[[PoolState], Iterable[Sample]]:
-    return _pool_values(lambda p: p.partitions, 2, index)
-
-
-def _pool_counter(index: int) -> Callable[[PoolState], Iterable[Sample]]:
-    return _pool_values(lambda p: p.counters, 3, index)
-
-
-POOL_NODE_LABELS = ("driver", "pool", "node_name")
-PARTITION_LABELS = (*POOL_NODE_LABELS, "partition_type")
-POOL_COUNTER_LABELS = (*POOL_NODE_LABELS, "counter_set", "counter")
-
-
-POOL_STATE_FAMILIES: tuple[Family[PoolState], ...] = (
-    family(
-        "kube_resourcepool_generation",
-        "",
-        "The newest generation among the pool's ResourceSlices.",
-        ("driver", "pool"),
-        _pool_generation,
-        stability="experimental",
-        reads=(SLICES,),
-    ),
-    family(
-        "kube_resourcepool_incomplete",
-        "",
-        "1 while fewer or more slices of the pool's newest generation exist than resourceSliceCount says.",
-        ("driver", "pool"),
-        _pool_incomplete,
-        stability="experimental",
-        reads=(SLICES,),
-    ),
-    family(
-        "kube_resourcepool_invalid",
-        "",
-        "1 when the pool's newest generation names a device or a counter set twice, or a device consumes a counter "
-        "that no slice of it defines (nothing is allocated from it).",
-        ("driver", "pool"),
-        _pool_invalid,
-        stability="experimental",
-        reads=(SLICES,),
-        # An undefined counter set or counter makes a pool invalid.
-        fields=("counters", "counter_sets"),
-    ),
-)
-
-# The per-node counts and the pool's counter sets: they need each slice evaluated (the allocated and
-# free ones, the claims too; the free devices, the taint rules too).
-POOL_COUNT_FAMILIES: tuple[Family[PoolState], ...] = (
-    family(
-        "kube_resourcepool_devices",
-        "{device}",
-        "Devices in the pool's newest generation, per node (complete, valid pools only).",
-        POOL_NODE_LABELS,
-        _pool_count(1),
-        stability="experimental",
-        reads=(SLICES,),
-        fields=EVALUATED,
-    ),
-    family(
-        "kube_resourcepool_devices_allocated",
-        "{device}",
-        "Allocated devices in the pool's newest generation, per node (adminAccess excluded).",
-        POOL_NODE_LABELS,
-        _pool_count(2),
-        stability="experimental",
-        reads=(SLICES, CLAIMS),
-        fields=EVALUATED,
-    ),
-    family(
-        "kube_resourcepool_devices_free",
-        "{device}",
-        "Devices a new request could get now, per node: unallocated, shared counters left, not tainted.",
-        POOL_NODE_LABELS,
-        _pool_count(3),
-        stability="experimental",
-        reads=(SLICES, CLAIMS, RULES),
-        fields=EVALUATED,
-    ),
-    # Partitionable devices (those consuming shared counters), per node and partition type.
-    *(
-        family(
-            name,
-            "{device}",
-            description,
-            PARTITION_LABELS,
-            _partition_count(index),
-            "experimental",
-            reads=reads,
-            fields=EVALUATED,
-        )
-        for name, index, reads, description in (
-            (
-                "kube_resourcepool_partitions",
-                2,
-                (SLICES,),
-                "Devices of the pool's newest generation that consume shared counters, per node and partition type.",
-            ),
-            (
-                "kube_resourcepool_partitions_allocated",
-                3,
-                (SLICES, CLAIMS),
-                "Of those, the allocated ones (adminAccess excluded).",
-            ),
-            (
-                "kube_resourcepool_partitions_free",
-                4,
-                (SLICES, CLAIMS, RULES),
-                "Of those, the ones a new request could get now: unallocated, shared counters left, not tainted.",
-            ),
-        )
-    ),
-    # The counter sets of the pool's newest generation, wherever they are defined.
-    *(
-        family(
-            name,
-            "",
-            description,
-            POOL_COUNTER_LABELS,
-            _pool_counter(index),
-            "experimental",
-            reads=reads,
-            fields=EVALUATED,
-        )
-        for name, index, reads, description in (
-            (
-                "kube_resourcepool_counter_set_capacity",
-                3,
-                (SLICES,),
-                "Counters of the shared counter sets of the pool's newest generation, as numbers.",
-            ),
-            (
-                "kube_resourcepool_counter_set_free",
-                4,
-                (SLICES, CLAIMS),
-                "Counter capacity left after what the allocated devices of the pool's newest generation consume.",
-            ),
-        )
-    ),
-)
-
-POOL_FAMILIES = POOL_STATE_FAMILIES + POOL_COUNT_FAMILIES
-
-
-def _cost(c: ClaimCost) -> Iterable[Sample]:
-    for deviceclass, cost in c.costs:
-        yield (c.name, c.namespace, deviceclass), cost
-
-
-def _unpriced(c: ClaimCost) -> Iterable[Sample]:
-    for deviceclass, reason, count in c.unpriced:
-        yield (c.name, c.namespace, deviceclass, reason), float(count)
-
-
-COST_FAMILIES: tuple[Family[ClaimCost], ...] = (
-    family(
-        "kube_resourceclaim_hourly_cost",
-        "{cost}",
-        "Hourly cost of the devices allocated to the ResourceClaim, per DeviceClass they were requested through.",
-        ("resourceclaim_name", "namespace", "deviceclass_name"),
-        _cost,
-        stability="experimental",
-        reads=(CLAIMS, CLASSES),
-        fields=("results", "request_classes"),
-    ),
-    family(
-        "kube_resourceclaim_unpriced_devices",
-        "{device}",
-        "Devices allocated to the ResourceClaim that could not be priced, by DeviceClass and reason.",
-        ("resourceclaim_name", "namespace", "deviceclass_name", "reason"),
-        _unpriced,
-        stability="experimental",
-        reads=(CLAIMS, CLASSES),
-        fields=("results", "request_classes"),
-    ),
-)
-
-
-def _leaked(c: LeakedClaim) -> Iterable[Sample]:
-    yield (c.name, c.namespace), 1.0
-
-
-LEAK_FAMILIES: tuple[Family[LeakedClaim], ...] = (
-    family(
-        "kube_resourceclaim_leaked",
-        "",
-        "Present (1) for claims allocated and reserved by nobody for longer than the leak grace period.",
-        ("resourceclaim_name", "namespace"),
-        _leaked,
-        stability="experimental",
-        reads=(CLAIMS,),
-        fields=("status_time",),
-    ),
-)
-
-ALL_FAMILIES: tuple[Family[Any], ...] = (*SLICE_FAMILIES, *POOL_FAMILIES, *COST_FAMILIES, *LEAK_FAMILIES)
-
-
-# --- evaluation of one slice ----------------------------------------------------------------------
-def _claim_uses(claim: Claim | None) -> dict[DevKey, Use]:
-    """What an allocated claim consumes, per device (adminAccess results are not consumption)."""
-    if claim is None or not claim.has_allocation:
-        return {}
-    counts: dict[DevKey, int] = {}
-    consumed: dict[DevKey, dict[str, float]] = {}
-    for r in claim.results:
-        if r.admin:
-            continue
-        key = (r.driver, r.pool, r.device)
-        counts[key] = counts.get(key, 0) + 1
-        if r.consumed:
-            sums = consumed.setdefault(key, {})
-            for cap, value in r.consumed:
-                sums[cap] = sums.get(cap, 0.0) + value
-    return {key: (count, tuple(sorted(consumed.get(key, {}).items()))) for key, count in counts.items()}
-
-
-def _consume(into: Sums, d: Device) -> None:
-    """Add what the device consumes from shared counters."""
-    for set_name, amounts in d.counters:
-        sums = into.setdefault(set_name, {})
-        for counter, value in amounts:
-            sums[counter] = sums.get(counter, 0.0) + value
-
-
-def _in_use(s: Slice, d: Device, uses: Callable[[DevKey], Iterable[Use]]) -> bool:
-    return any(n for n, _ in uses((s.driver, s.pool, d.name)))
-
-
-def consumption(s: Slice, uses: Callable[[DevKey], Iterable[Use]]) -> dict[SetKey, dict[str, float]]:
-    """What the allocated devices of a slice consume from the counter sets of their pool (since
-    Kubernetes 1.35: sets that other slices of the pool generation define); empty for 1.34's shape."""
-    if s.counter_sets:
-        return {}
-    sums: Sums = {}
-    for d in s.devices:
-        if d.counters and _in_use(s, d, uses):
-            _consume(sums, d)
-    return {(s.driver, s.pool, s.generation, set_name): amounts for set_name, amounts in sums.items()}
-
-
-def _undefined(_set_name: str) -> tuple[Amounts, Mapping[str, float]]:
-    return (), {}
-
-
-def evaluate(
-    s: Slice,
-    uses: Callable[[DevKey], Iterable[Use]],
-    rules: Sequence[tuple[str, str]] = (),
-    counters: CounterLookup = _undefined,
-) -> tuple[SliceUsage, Contribution]:
-    """The slice joined with the allocations naming its devices, and its contribution to its pool's
-    per-node counts (see Contribution). ``rules``: (pool,
-    device) selectors of the blocking DeviceTaintRules for the slice's driver ("" matches any).
-    ``counters``: the counter sets of the slice's pool generation (not used for 1.34's shape, where
-    a slice's devices consume from the slice's own sets)."""
-    allocated: list[bool] = []
-    capacity: list[Amounts | None] = []
-    counter_use: Sums = {}
-    for d in s.devices:
-        count = 0
-        sums: dict[str, float] = {}
-        for n, amounts in uses((s.driver, s.pool, d.name)):
-            count += n
-            for cap, value in amounts:
-                sums[cap] = sums.get(cap, 0.0) + value
-        allocated.append(count > 0)
-        # Claims name consumed capacity as capacity_name spells it (the driver's domain dropped);
-        # the device keeps its own spelling, which its series show.
-        capacity.append(
-            tuple((cap, sums.get(capacity_name(cap, s.driver), 0.0)) for cap, _ in d.capacities) if d.multi else None
-        )
-        if count:
-            _consume(counter_use, d)
-    left: dict[tuple[str, str], float] = {}
-    own_use: Mapping[str, Mapping[str, float]] = counter_use
-    if not s.local_counters:
-        # A devices-only slice: its devices consume from sets that other slices of the pool define.
-        for set_name in {set_name for d in s.devices for set_name, _ in d.counters}:
-            defined, used = counters(set_name)
-            left.update(((set_name, c), v - used.get(c, 0.0)) for c, v in defined)
-        # A counters-only slice: its sets are consumed by the devices of other slices.
-        own_use = {set_name: counters(set_name)[1] for set_name, _ in s.counter_sets}
-    for set_name, amounts in s.counter_sets:
-        used = own_use.get(set_name, {})
-        left.update(((set_name, c), v - used.get(c, 0.0)) for c, v in amounts)
-    contribution: Contribution = {}
-    for d, is_allocated, used_capacity in zip(s.devices, allocated, capacity, strict=True):
-        if d.multi:
-            # Shareable: free while a request that names no amount (the default) still fits.
-            taken = dict(used_capacity or ())
-            free = all(
-                taken.get(cap, 0.0) + default <= value
-                for (cap, value), default in zip(d.capacities, d.defaults, strict=True)
-            )
-        else:
-            free = not is_allocated
-        if free and not is_allocated:
-            # Its partitions' shared counters must still have room for it (counters that no slice
-            # defines make the pool invalid: no counts are reported for it).
-            free = all(left.get((set_name, c), v) >= v for set_name, amounts in d.counters for c, v in amounts)
-        if free and (d.blocked or any(p in ("", s.pool) and dev in ("", d.name) for p, dev in rules)):
-            free = False
-        counts = contribution.setdefault((d.node_name, d.partition_type) if d.counters else d.node_name, [0, 0, 0])
-        counts[0] += 1
-        counts[1] += is_allocated
-        counts[2] += free
-    usage = SliceUsage(
-        slice=s,
-        allocated=tuple(allocated),
-        allocated_capacity=tuple(capacity),
-        counters_free=tuple(
-            (set_name, tuple((counter, left[(set_name, counter)]) for counter, _ in amounts))
-            for set_name, amounts in s.counter_sets
-        ),
-    )
-    return usage, contribution
-
-
-# --- leak clock ----------------------------------------------------------------------------------
-class LeakClock:
-    """Claims allocated and reserved by nobody, and when their grace period ends.
-
-    Deadlines sit in a heap; :meth:`tick` (at each scrape or push) renders only the claims whose
-    deadline passed since the last tick. Stale heap entries (a claim that changed) are skipped.
-    """
-
-    def __init__(self, store: SeriesStore[LeakedClaim], grace: float, clock: Callable[[], float]) -> None:
-        self.store = store
-        self.grace = grace
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._heap: list[tuple[float, str]] = []
-        self._deadlines: dict[str, tuple[float, LeakedClaim]] = {}
-        self._seen: dict[str, float] = {}  # first seen unreserved, when the claim gives no time
-
-    def watch(self, key: str, claim: Claim) -> None:
-        now = self._clock()
-        since = claim.status_time
-        if since is None:
-            since = self._seen.setdefault(key, now)
-        deadline = since + self.grace
-        leaked = LeakedClaim(claim.namespace, claim.name)
-        with self._lock:
-            if self._deadlines.get(key) == (deadline, leaked):
-                return
-            self._deadlines[key] = (deadline, leaked)
-            if deadline <= now:
-                self.store.put(key, leaked)
-            else:
-                heapq.heappush(self._heap, (deadline, key))
-                self.store.remove(key)  # a later status write restarts the clock
-
-    def forget(self, key: str) -> None:
-        self._seen.pop(key, None)
-        with self._lock:
-            if self._deadlines.pop(key, None) is not None:
-                self.store.remove(key)
-
-    def tick(self) -> None:
-        now = self._clock()
-        with self._lock:
-            due = []
-            while self._heap and self._heap[0][0] <= now:
-                deadline, key = heapq.heappop(self._heap)
-                current = self._deadlines.get(key)
-                if current is not None and current[0] == deadline:
-                    due.append((key, current[1]))
-            if due:
-                self.store.update(due)
-
-    def __len__(self) -> int:
-        return len(self._deadlines)
 
 
 # --- the joins -----------------------------------------------------------------------------------
@@ -707,7 +196,7 @@ class Joins:
                 after = (new.hourly_cost, new.cost_problem) if new else None
                 if before != after:
                     repriced |= self._claims_of_class.get(key, set())
-            self.costs.update((k, self._price(self._priced[k])) for k in sorted(repriced) if k in self._priced)
+            self.costs.update((k, price(self._priced[k], self._classes)) for k in sorted(repriced) if k in self._priced)
 
     def rules_changed(self, changes: list[Change[DeviceTaintRule]]) -> None:
         if not self._tainting:
@@ -762,7 +251,7 @@ class Joins:
 
     # --- claims ---------------------------------------------------------------------------------------
     def _claim_uses(self, key: str, old: Claim | None, new: Claim | None) -> None:
-        before, after = _claim_uses(old), _claim_uses(new)
+        before, after = claim_uses(old), claim_uses(new)
         if before == after:
             return
         for dev in before.keys() | after.keys():
@@ -786,9 +275,9 @@ class Joins:
         self._unindex_classes(key)
         if owned and new is not None and new.has_allocation:
             self._priced[key] = new
-            for deviceclass in _classes_of(new):
+            for deviceclass in classes_of(new):
                 self._claims_of_class.setdefault(deviceclass, set()).add(key)
-            self._cost_updates.append((key, self._price(new)))
+            self._cost_updates.append((key, price(new, self._classes)))
         elif self._priced.pop(key, None) is not None:
             self._cost_updates.append((key, None))
 
@@ -803,40 +292,12 @@ class Joins:
         previous = self._priced.get(key)
         if previous is None:
             return
-        for deviceclass in _classes_of(previous):
+        for deviceclass in classes_of(previous):
             keys = self._claims_of_class.get(deviceclass)
             if keys is not None:
                 keys.discard(key)
                 if not keys:
                     del self._claims_of_class[deviceclass]
-
-    def _price(self, claim: Claim) -> ClaimCost:
-        requests = dict(claim.request_classes)
-        costs: dict[str, float] = {}
-        unpriced: dict[tuple[str, str], int] = {}
-        for r in claim.results:
-            if r.admin:
-                continue
-            deviceclass = requests.get(r.request)
-            reason = None
-            if deviceclass is None:
-                deviceclass, reason = "", UNRESOLVED_REQUEST
-            else:
-                found = self._classes.get(deviceclass)
-                if found is None:
-                    reason = CLASS_NOT_FOUND
-                elif found.hourly_cost is None:
-                    reason = found.cost_problem or CLASS_NOT_FOUND
-                else:
-                    costs[deviceclass] = costs.get(deviceclass, 0.0) + found.hourly_cost
-            if reason is not None:
-                unpriced[(deviceclass, reason)] = unpriced.get((deviceclass, reason), 0) + 1
-        return ClaimCost(
-            claim.namespace,
-            claim.name,
-            tuple(sorted(costs.items())),
-            tuple((c, reason, n) for (c, reason), n in sorted(unpriced.items())),
-        )
 
     # --- slices ---------------------------------------------------------------------------------------
     def _slice(self, key: str, old: Slice | None, new: Slice | None, owned: bool) -> None:
@@ -1020,7 +481,7 @@ class Joins:
         slices = [self._slices[k] for k in members]
         incomplete = any(s.slice_count != len(members) for s in slices)
         if pool in self._restructured or pool not in self._invalid:
-            self._invalid[pool] = _invalid(slices, complete=not incomplete)
+            self._invalid[pool] = pool_invalid(slices, complete=not incomplete)
         invalid = self._invalid[pool]
         state = PoolState(pool[0], pool[1], newest, incomplete, invalid)
         if incomplete or invalid or not self._counting:
@@ -1077,38 +538,3 @@ def _consumed_sets(s: Slice | None) -> set[SetKey]:
     if s is None or s.counter_sets:
         return set()
     return {(s.driver, s.pool, s.generation, set_name) for d in s.devices for set_name, _ in d.counters}
-
-
-def _invalid(slices: Sequence[Slice], *, complete: bool) -> bool:
-    """What makes the scheduler refuse a pool generation: a device name or a pool-wide counter set
-    name defined twice, or, once the pool is complete (a counters-only slice may come after the
-    devices that consume from it), a device consuming a counter set or counter that is not defined
-    (in its own slice for 1.34's shape, in a counters-only slice of the generation since 1.35)."""
-    names: set[str] = set()
-    devices = 0
-    pool_sets: dict[str, set[str]] = {}
-    for s in slices:
-        devices += len(s.devices)
-        names.update(d.name for d in s.devices)
-        for set_name, amounts in () if s.devices else s.counter_sets:
-            if set_name in pool_sets:
-                return True
-            pool_sets[set_name] = {counter for counter, _ in amounts}
-    if len(names) != devices:
-        return True
-    if not complete:
-        return False
-    for s in slices:
-        sets = {n: {c for c, _ in amounts} for n, amounts in s.counter_sets} if s.local_counters else pool_sets
-        for d in s.devices:
-            for set_name, amounts in d.counters:
-                defined = sets.get(set_name)
-                if defined is None or any(counter not in defined for counter, _ in amounts):
-                    return True
-    return False
-
-
-def _classes_of(claim: Claim) -> Sequence[str]:
-    """The DeviceClasses a claim's allocation is priced through (a changed class re-prices it)."""
-    requests = dict(claim.request_classes)
-    return sorted({requests[r.request] for r in claim.results if r.request in requests})

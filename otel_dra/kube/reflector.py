@@ -1,9 +1,13 @@
 """List + watch of one resource into a handler, with the behaviour client-go's reflector has.
 
-- The initial list is paginated (``limit``/``continue``) and parsed as raw JSON, or, for a
-  resource with an item decoder (``ResourceType.protobuf``), asked for as protobuf (much less to
-  produce, send and decode when little of each object is kept; JSON again if the server answers
-  JSON or a protobuf page cannot be decoded). Watches are JSON.
+- The initial list asks for ``resourceVersion=0`` (a relist: not older than the last version seen),
+  which the API server answers from its watch cache, all at once whatever ``limit`` says; the
+  answer is streamed (:mod:`otel_dra.kube.liststream`): each item goes to the handler as its bytes
+  arrive, and the whole list is never held. A server that paginates anyway (``limit``/``continue``)
+  is followed page by page, the next page asked for while this one is decoded. Items are raw JSON,
+  or, for a resource with an item decoder (``ResourceType.protobuf``), asked for as protobuf (much
+  less to produce, send and decode when little of each object is kept; JSON again if the server
+  answers JSON or a protobuf page cannot be decoded). Watches are JSON.
 - The watch asks for bookmarks and resumes from the last resourceVersion it saw.
 - ``410 Gone`` (as an HTTP answer or a watch ERROR event) means our resourceVersion is too old:
   we relist.
@@ -339,24 +343,12 @@ class Reflector:
         resource_version = ""
         count = 0
         if self.discover is not None:
-            try:
-                found = self.discover(self.client)
-            except ApiError as exc:
-                raise ApiError(exc.status, f"API discovery failed: {exc.message}", exc.body, exc.retry_after) from exc
-            if found is None:
-                raise _Unavailable("not served by the API server (not found by API discovery)")
-            self.resource = found
-
+            self.resource = self._discovered()
         decode_item = self.resource.protobuf if self._protobuf else None
         headers = {"Accept": protobuf.ACCEPT} if decode_item is not None else None
 
         def fetch(token: str | None) -> bytes:
-            query: dict[str, str | int] = {"limit": self.page_size}
-            if self.field_selector:
-                query["fieldSelector"] = self.field_selector
-            if token:
-                query["continue"] = token
-            return self.client.get_bytes(self.resource.path, query, headers=headers)
+            return self._fetch_page(token, headers)
 
         encoding = "JSON"  # of the page being decoded, for the error message
 
@@ -365,51 +357,17 @@ class Reflector:
             nonlocal encoding
             if decode_item is not None and protobuf.is_protobuf(raw):
                 encoding = "protobuf"
-                pb = protobuf.list_page(raw)
-                return pb.resource_version, pb.continue_token or None, map(decode_item, pb.items)
-            page = json.loads(raw)
-            meta = page.get("metadata") or {}
-            page_items = page.get("items")
-            items = page_items if isinstance(page_items, list) else []
-            return str(meta.get("resourceVersion", "")), meta.get("continue") or None, items
+                return _protobuf_page(raw, decode_item)
+            return _json_page(raw)
 
         first_token: str | None = None  # of the first answer, when the server paginated
 
         def first_page() -> Iterator[Any]:
-            """The first answer, streamed: with ``resourceVersion`` 0 (or, relisting, not older
-            than what was seen) the API server answers from its watch cache, and answers the whole
-            list at once (it ignores ``limit`` there); see :mod:`otel_dra.kube.liststream`. Sets
-            the list's version and the continue token (when the server did paginate) as it reads."""
+            """The first answer, streamed (see :meth:`_open_list`). Sets the list's version and the
+            continue token (when the server did paginate) as it reads."""
             nonlocal resource_version, encoding, first_token
-            query: dict[str, str | int] = {"limit": self.page_size, "resourceVersion": since or "0"}
-            if since:
-                query["resourceVersionMatch"] = "NotOlderThan"
-            if self.field_selector:
-                query["fieldSelector"] = self.field_selector
-
-            def get() -> urllib3.BaseHTTPResponse:
-                return self.client.request(
-                    "GET", self.resource.path, query=query, headers=headers, stream=True, timeout=(10.0, 60.0)
-                )
-
-            try:
-                resp = get()
-            except ApiError as exc:
-                # What client-go does too: a version the cache cannot serve (compacted away, or
-                # newer than this API server's cache: 504 after its wait) is listed by quorum read.
-                if not since or exc.status not in (410, 504):
-                    raise
-                log.info(
-                    "%s: cannot list at resourceVersion %s (%d), listing the latest",
-                    self.resource.plural,
-                    since,
-                    exc.status,
-                )
-                del query["resourceVersion"], query["resourceVersionMatch"]
-                resp = get()
-            self._response = resp
-            complete = False
-            try:
+            resp = self._open_list(since, headers)
+            with self._streamed(resp):
                 page = StreamedList(resp.stream(_READ))
                 resource_version, first_token = page.resource_version, page.continue_token
                 if page.protobuf:
@@ -421,16 +379,6 @@ class Reflector:
                     yield from page.items()
                 # What follows the items may say otherwise (see StreamedList._json_tail).
                 resource_version, first_token = page.resource_version, page.continue_token
-                complete = True
-            except (urllib3.exceptions.HTTPError, OSError) as exc:
-                if self._stop.is_set():
-                    raise _Stopped() from exc
-                raise ApiError(0, f"{self.resource.path}: list connection lost: {exc}") from exc
-            finally:
-                self._response = None
-                if not complete:
-                    resp.close()  # not read to the end: the connection cannot be reused
-                resp.release_conn()
 
         def items() -> Iterator[dict[str, Any]]:
             nonlocal resource_version, count, encoding
@@ -486,29 +434,8 @@ class Reflector:
                         raw, pending = pending.result(), None
                     else:
                         raw = fetch(token)
-            except ApiError as exc:
-                if self.events:
-                    self.events.list_error(self.resource.plural, exc.status)
-                self._optional_error(exc)
-                if exc.status == 410:  # the continue token expired mid-list: start over
-                    # Logged here: the reason is the list, not an expired watch version.
-                    log.info("%s: list continuation expired (410), listing again", self.resource.plural)
-                    raise _Gone() from exc
-                raise ApiError(exc.status, f"list failed: {exc.message}", exc.body, exc.retry_after) from exc
-            except (ValueError, DecodeError) as exc:
-                if self.events:
-                    self.events.list_error(self.resource.plural, 200)
-                if encoding == "protobuf":
-                    # Whatever is wrong (a server or proxy bug, a field whose type we got wrong),
-                    # JSON still works: the next attempt, and every list after it, asks for JSON.
-                    self._protobuf = False
-                    log.warning(
-                        "%s: protobuf list could not be decoded (%s); listing as JSON from now on",
-                        self.resource.plural,
-                        exc,
-                    )
-                    raise ApiError(200, f"list answered malformed protobuf: {exc}") from exc
-                raise ApiError(200, f"list answered malformed JSON: {exc}") from exc
+            except (ApiError, ValueError, DecodeError) as exc:
+                raise self._list_failed(exc, encoding) from exc
             finally:
                 if pending is not None:
                     pending.discard()
@@ -516,6 +443,103 @@ class Reflector:
         self.handler.replace(items())
         log.info("%s: listed %d objects at resourceVersion %s", self.resource.plural, count, resource_version)
         return resource_version
+
+    def _discovered(self) -> ResourceType:
+        """Where API discovery finds the resource served now."""
+        assert self.discover is not None
+        try:
+            found = self.discover(self.client)
+        except ApiError as exc:
+            raise ApiError(exc.status, f"API discovery failed: {exc.message}", exc.body, exc.retry_after) from exc
+        if found is None:
+            raise _Unavailable("not served by the API server (not found by API discovery)")
+        return found
+
+    def _fetch_page(self, token: str | None, headers: dict[str, str] | None) -> bytes:
+        """A list page after the first, whole (``token``: its continue token)."""
+        query: dict[str, str | int] = {"limit": self.page_size}
+        if self.field_selector:
+            query["fieldSelector"] = self.field_selector
+        if token:
+            query["continue"] = token
+        return self.client.get_bytes(self.resource.path, query, headers=headers)
+
+    def _open_list(self, since: str, headers: dict[str, str] | None) -> urllib3.BaseHTTPResponse:
+        """The first answer of a list, to be streamed: with ``resourceVersion`` 0 (or, relisting,
+        not older than what was seen) the API server answers from its watch cache, and answers the
+        whole list at once (it ignores ``limit`` there); see :mod:`otel_dra.kube.liststream`."""
+        query: dict[str, str | int] = {"limit": self.page_size, "resourceVersion": since or "0"}
+        if since:
+            query["resourceVersionMatch"] = "NotOlderThan"
+        if self.field_selector:
+            query["fieldSelector"] = self.field_selector
+
+        def get() -> urllib3.BaseHTTPResponse:
+            return self.client.request(
+                "GET", self.resource.path, query=query, headers=headers, stream=True, timeout=(10.0, 60.0)
+            )
+
+        try:
+            return get()
+        except ApiError as exc:
+            # What client-go does too: a version the cache cannot serve (compacted away, or
+            # newer than this API server's cache: 504 after its wait) is listed by quorum read.
+            if not since or exc.status not in (410, 504):
+                raise
+            log.info(
+                "%s: cannot list at resourceVersion %s (%d), listing the latest",
+                self.resource.plural,
+                since,
+                exc.status,
+            )
+            del query["resourceVersion"], query["resourceVersionMatch"]
+            return get()
+
+    @contextlib.contextmanager
+    def _streamed(self, resp: urllib3.BaseHTTPResponse) -> Iterator[None]:
+        """While a streamed answer is read: :meth:`stop` can unblock the read; a broken connection
+        is an :class:`ApiError` (or the stop asked for); the connection is released, and closed
+        when the answer was not read to the end (it cannot be reused)."""
+        self._response = resp
+        complete = False
+        try:
+            yield
+            complete = True
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            if self._stop.is_set():
+                raise _Stopped() from exc
+            raise ApiError(0, f"{self.resource.path}: list connection lost: {exc}") from exc
+        finally:
+            self._response = None
+            if not complete:
+                resp.close()  # not read to the end: the connection cannot be reused
+            resp.release_conn()
+
+    def _list_failed(self, exc: ApiError | ValueError | DecodeError, encoding: str) -> Exception:
+        """What a failed list raises (counted, an optional resource's "not for us" answer raised as
+        _Unavailable); a protobuf page that could not be decoded makes every later list JSON."""
+        if isinstance(exc, ApiError):
+            if self.events:
+                self.events.list_error(self.resource.plural, exc.status)
+            self._optional_error(exc)
+            if exc.status == 410:  # the continue token expired mid-list: start over
+                # Logged here: the reason is the list, not an expired watch version.
+                log.info("%s: list continuation expired (410), listing again", self.resource.plural)
+                return _Gone()
+            return ApiError(exc.status, f"list failed: {exc.message}", exc.body, exc.retry_after)
+        if self.events:
+            self.events.list_error(self.resource.plural, 200)
+        if encoding == "protobuf":
+            # Whatever is wrong (a server or proxy bug, a field whose type we got wrong),
+            # JSON still works: the next attempt, and every list after it, asks for JSON.
+            self._protobuf = False
+            log.warning(
+                "%s: protobuf list could not be decoded (%s); listing as JSON from now on",
+                self.resource.plural,
+                exc,
+            )
+            return ApiError(200, f"list answered malformed protobuf: {exc}")
+        return ApiError(200, f"list answered malformed JSON: {exc}")
 
     # --- watch -------------------------------------------------------------------------------
     def _watch(self, resource_version: str) -> str:
@@ -605,6 +629,22 @@ def _head_continue(raw: bytes) -> str | None:
     except ValueError:
         return None
     return head[1] if head is not None else None
+
+
+def _json_page(raw: bytes) -> tuple[str, str | None, Iterable[Any]]:
+    """(resourceVersion, continue token, items) of a JSON list page."""
+    page = json.loads(raw)
+    meta = page.get("metadata") or {}
+    page_items = page.get("items")
+    items = page_items if isinstance(page_items, list) else []
+    return str(meta.get("resourceVersion", "")), meta.get("continue") or None, items
+
+
+def _protobuf_page(raw: bytes, decode_item: protobuf.ItemDecoder) -> tuple[str, str | None, Iterable[Any]]:
+    """(resourceVersion, continue token, items) of a protobuf list page; its items are decoded as
+    they are iterated."""
+    pb = protobuf.list_page(raw)
+    return pb.resource_version, pb.continue_token or None, map(decode_item, pb.items)
 
 
 class _Prefetch:

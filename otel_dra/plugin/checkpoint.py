@@ -12,7 +12,8 @@ serves on, and every prepare and unprepare fails for that claim with the reason 
 the kubelet retries them. Each such call reads the file again, so once the operator has fixed it,
 or moved it away to start empty (``mv checkpoint.json checkpoint.json.broken``; unprepare removes a
 claim's CDI spec by UID even without an entry, so nothing is left behind), the next retry
-succeeds without a restart. README.md, "The checkpoint", says so for operators.
+succeeds without a restart. docs/plugin.md, "The checkpoint, the CDI directory and crashes", says so
+for operators.
 """
 
 from __future__ import annotations

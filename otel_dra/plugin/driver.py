@@ -1,12 +1,14 @@
 """Prepare and unprepare: what the plugin does when the kubelet calls it.
 
 Prepare reads the ResourceClaim from the API server (the kubelet sends only namespace, name and
-UID), checks the UID, takes the allocation results for this driver and this node's pool, writes a
+UID), turns its allocation into prepared devices and CDI edits (:mod:`otel_dra.plugin.state`: the
+UID checked, the results for this driver and this node's pool, what the spec sets for each device
+from the claim's opaque device configuration and admin access as in dra-example-driver), writes a
 CDI spec for the claim, records it in the checkpoint and returns the CDI device ids. Unprepare
-removes the spec and the checkpoint entry. What the spec sets for each device follows the claim's
-opaque device configuration and admin access as in dra-example-driver (:mod:`otel_dra.plugin.config`);
-an unusable configuration fails that claim's prepare with the reason. Both are idempotent; failures
-are reported per claim (the kubelet retries those claims), never as a failed RPC.
+removes the spec and the checkpoint entry. An unusable claim or configuration fails that claim's
+prepare with the reason. Both are idempotent; failures are reported per claim (the kubelet retries
+those claims), never as a failed RPC. This module is the orchestration: locks, the API reads, the
+files, spans and metrics.
 
 Every claim is one span (a child of the RPC's span, see :mod:`otel_dra.plugin.server`) with
 children for reading the claim, writing the CDI spec and writing the checkpoint. Attribute names:
@@ -31,9 +33,10 @@ from otel_dra import __version__
 from otel_dra.kube.client import ApiError, KubeClient
 from otel_dra.plugin.cdi import CdiWriter
 from otel_dra.plugin.checkpoint import Checkpoint, CheckpointError, PreparedClaim, PreparedDevice
-from otel_dra.plugin.config import DEFAULT, ConfigError, configs_by_request, device_env
 from otel_dra.plugin.devices import Device
 from otel_dra.plugin.metrics import PluginMetrics
+from otel_dra.plugin.state import ClaimError, DeviceState, Edit, allocated_as, check_prepared, prepared_edits
+from otel_dra.plugin.state import ClaimRef as ClaimRef  # the RPC servers (server.py) take it from here
 from otel_dra.records import record
 from otel_dra.telemetry.spans import SpanHandle, SpanRecorder
 
@@ -79,18 +82,6 @@ _LOCK_STRIPES = 64
 
 
 @record(frozen=True)
-class ClaimRef:
-    """A claim as the kubelet names it."""
-
-    namespace: str
-    uid: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name} (uid {self.uid})"
-
-
-@record(frozen=True)
 class ClaimResult:
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
@@ -98,14 +89,6 @@ class ClaimResult:
     @property
     def ok(self) -> bool:
         return not self.error
-
-
-class ClaimError(Exception):
-    """Preparing or unpreparing one claim failed; ``kind`` is a short, bounded error type."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 class Inventory:
@@ -151,6 +134,8 @@ class Driver:
         self.cdi = cdi
         self.checkpoint = checkpoint
         self.metrics = metrics
+        # What an allocation prepares here (pure: no I/O).
+        self.state = DeviceState(driver_name, self.pool_name, inventory.get, cdi.device_ids)
         # Spans are kept as data during the call and made by the recorder's worker after it
         # (telemetry/spans.py: the SDK's span path costs a cold call about 0.2 ms a span).
         self.spans = SpanRecorder(tracer_provider, TRACER_SCOPE, __version__)
@@ -239,23 +224,12 @@ class Driver:
         _validate(ref, full=True)
         with self._claim_lock(ref.uid):
             cached = self.checkpoint.get(ref.uid)
-            if cached is not None and (cached.namespace, cached.name) != (ref.namespace, ref.name):
-                # Without this the cache answered for a UID under any name: the API read below (skipped
-                # on a hit) is what checks name and UID otherwise (found by tests/fuzz).
-                raise ClaimError(
-                    "UIDMismatch",
-                    f"claim UID {ref.uid} was prepared as {cached.namespace}/{cached.name}, "
-                    f"not {ref.namespace}/{ref.name}",
-                )
             if cached is not None:
                 # Prepared before (maybe by an earlier run of the plugin): same answer, no API call.
+                check_prepared(ref, cached)
                 span.set_attribute(CACHED, True)
                 if not self.cdi.claim_spec_path(ref.uid).exists():
-                    known = {
-                        d.device_name: list(d.container_env) or device_env(ref.uid, d.device_name, False, DEFAULT)
-                        for d in cached.devices
-                    }
-                    self._write_cdi(ref, span, list(known.items()))
+                    self._write_cdi(ref, span, prepared_edits(ref.uid, cached))
                 return cached.devices
             span.set_attribute(CACHED, False)
             # First from the API server's watch cache (resourceVersion=0: no etcd round trip, about
@@ -265,7 +239,7 @@ class Driver:
             # allocation is the current allocation. A cache that lags (no such claim yet, another
             # UID, no allocation yet) costs a second, quorum read, whose answer then decides.
             claim = self._read_claim(ref, span, cached=True)
-            if claim is None or not _allocated_as(ref, claim):
+            if claim is None or not allocated_as(ref, claim):
                 claim = self._read_claim(ref, span)
             span.set_attributes(consumer_pod_attributes(claim))
             # The duration histogram times the driver's own work, as upstream's does: there the
@@ -273,41 +247,14 @@ class Driver:
             # read has its own metrics (rest_client_request_duration_seconds{verb="GET"}) and span;
             # a claim whose read failed is observed with the time the failed read took.
             watch.restart()
-            results = self._results_for_this_node(ref, claim)
-            try:
-                configs = configs_by_request(
-                    claim["status"]["allocation"]["devices"].get("config"),
-                    self.driver_name,
-                    [r["request"] for r in results],
-                )
-            except ConfigError as exc:
-                raise ClaimError("InvalidConfig", f"ResourceClaim {ref.namespace}/{ref.name}: {exc}") from exc
-            # As upstream: admin access is the claim's (any result of any driver), for every device.
-            admin = any(
-                isinstance(r, dict) and r.get("adminAccess") is True
-                for r in claim["status"]["allocation"]["devices"]["results"]
-            )
-            edits: dict[str, list[str]] = {}  # one CDI device per device, even if two requests got it
-            for r in results:
-                env = device_env(ref.uid, r["device"], admin, configs[r["request"]], r["consumed"])
-                edits.setdefault(r["device"], env)
-            self._write_cdi(ref, span, list(edits.items()))
-            devices = tuple(
-                PreparedDevice(
-                    request_names=(r["request"],),
-                    pool_name=r["pool"],
-                    device_name=r["device"],
-                    cdi_device_ids=tuple(self.cdi.device_ids(ref.uid, r["device"])),
-                    container_env=tuple(edits[r["device"]]),
-                )
-                for r in results
-            )
+            prepared = self.state.prepare(ref, claim)
+            self._write_cdi(ref, span, prepared.edits)
             with span.child("write checkpoint"):
                 try:
-                    self.checkpoint.put(ref.uid, PreparedClaim(ref.namespace, ref.name, devices))
+                    self.checkpoint.put(ref.uid, PreparedClaim(ref.namespace, ref.name, prepared.devices))
                 except OSError as exc:
                     raise ClaimError("CheckpointWriteFailed", f"cannot write the checkpoint: {exc}") from exc
-            return devices
+            return prepared.devices
 
     @overload
     def _read_claim(
@@ -351,52 +298,7 @@ class Driver:
             raise ClaimError("InvalidClaim", "the ResourceClaim is not a JSON object")
         return claim
 
-    def _results_for_this_node(self, ref: ClaimRef, claim: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """The allocation results for this driver, checked to be devices of this node's pool."""
-        metadata = claim.get("metadata") if isinstance(claim.get("metadata"), dict) else {}
-        uid = metadata.get("uid") if isinstance(metadata, dict) else None
-        if uid != ref.uid:
-            raise ClaimError(
-                "UIDMismatch",
-                f"ResourceClaim {ref.namespace}/{ref.name} has UID {uid}, not {ref.uid} (deleted and re-created?)",
-            )
-        status = claim.get("status") or {}
-        allocation = status.get("allocation") if isinstance(status, dict) else None
-        if not allocation:
-            raise ClaimError("NotAllocated", f"ResourceClaim {ref.namespace}/{ref.name} is not allocated")
-        try:
-            results = allocation["devices"]["results"]
-            if not isinstance(results, list):
-                raise TypeError("results is not a list")
-            ours: list[dict[str, Any]] = []
-            for r in results:
-                if r["driver"] != self.driver_name:
-                    continue
-                ours.append(
-                    {
-                        "request": str(r["request"]),
-                        "pool": str(r["pool"]),
-                        "device": str(r["device"]),
-                        "consumed": _quantities(r.get("consumedCapacity")),
-                    }
-                )
-        except (KeyError, TypeError) as exc:
-            raise ClaimError("InvalidClaim", f"malformed status.allocation.devices.results: {exc!r}") from exc
-        if not ours:
-            raise ClaimError(
-                "NoResultsForDriver",
-                f"ResourceClaim {ref.namespace}/{ref.name} has no allocation results for driver {self.driver_name}",
-            )
-        for r in ours:
-            if r["pool"] != self.pool_name:
-                raise ClaimError(
-                    "WrongPool", f"device {r['pool']}/{r['device']} is not in this node's pool {self.pool_name}"
-                )
-            if self.inventory.get(str(r["device"])) is None:
-                raise ClaimError("UnknownDevice", f"device {r['device']} is not published by this node")
-        return ours
-
-    def _write_cdi(self, ref: ClaimRef, parent: SpanHandle, devices: list[tuple[str, list[str]]]) -> None:
+    def _write_cdi(self, ref: ClaimRef, parent: SpanHandle, devices: Sequence[Edit]) -> None:
         path = self.cdi.claim_spec_path(ref.uid)
         with parent.child("write CDI spec", attributes={CDI_SPEC: str(path)}):
             try:
@@ -423,15 +325,6 @@ class Driver:
                 except OSError as exc:
                     raise ClaimError("CheckpointWriteFailed", f"cannot write the checkpoint: {exc}") from exc
             return entry.devices
-
-
-def _quantities(value: Any) -> dict[str, str]:
-    """``consumedCapacity`` (name -> quantity) as strings; anything else is malformed."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not all(isinstance(v, (str, int, float)) for v in value.values()):
-        raise TypeError(f"consumedCapacity is not a map of quantities: {value!r}")
-    return {str(k): str(v) for k, v in value.items()}
 
 
 class _Stopwatch:
@@ -478,15 +371,3 @@ def _validate(ref: ClaimRef, *, full: bool) -> None:
             raise ClaimError("InvalidRequest", f"invalid claim namespace {ref.namespace!r}")
         if not _NAME.fullmatch(ref.name):
             raise ClaimError("InvalidRequest", f"invalid claim name {ref.name!r}")
-
-
-def _allocated_as(ref: ClaimRef, claim: Mapping[str, Any]) -> bool:
-    """Whether ``claim`` is the claim ``ref`` names (its UID) and carries an allocation."""
-    metadata = claim.get("metadata")
-    status = claim.get("status")
-    return (
-        isinstance(metadata, dict)
-        and metadata.get("uid") == ref.uid
-        and isinstance(status, dict)
-        and bool(status.get("allocation"))
-    )

@@ -147,7 +147,7 @@ HEALTH_STREAMS = Instrument(
     stability="experimental",
 )
 
-# The error types of otel_dra.plugin.driver.ClaimError; HTTP<code> is folded into its class.
+# The error types of otel_dra.plugin.state.ClaimError; HTTP<code> is folded into its class.
 ERROR_TYPES = frozenset(
     {
         "APIUnavailable",

@@ -294,7 +294,7 @@ def test_configs_by_request_follow_upstream_precedence():
 def test_prepare_applies_the_claim_config_and_admin_access(tmp_path):
     """The claim's GpuConfig and adminAccess reach the CDI spec and the checkpoint; a lost spec is
     written again the same from the checkpoint; a malformed config fails that claim alone."""
-    from otel_dra.plugin.driver import ClaimRef
+    from otel_dra.plugin.state import ClaimRef
 
     driver = _driver(tmp_path)
     client = driver.client
@@ -397,7 +397,7 @@ def _driver(tmp_path, api=None):
 
 def test_claim_names_and_uids_with_a_trailing_newline_are_refused(tmp_path):
     """Found by tests/fuzz: the checks used re.match with ``$``, which matches before a final "\\n"."""
-    from otel_dra.plugin.driver import ClaimRef
+    from otel_dra.plugin.state import ClaimRef
 
     driver = _driver(tmp_path)
     for ref in (ClaimRef("ns", "u1\n", "c"), ClaimRef("ns\n", "u1", "c"), ClaimRef("ns", "u1", "c\n")):
@@ -408,7 +408,7 @@ def test_claim_names_and_uids_with_a_trailing_newline_are_refused(tmp_path):
 def test_a_prepared_uid_under_another_name_is_refused(tmp_path):
     """Found by tests/fuzz: a prepared claim is answered from the checkpoint without reading it
     again, and that answer was given for its UID under any namespace and name."""
-    from otel_dra.plugin.driver import ClaimRef
+    from otel_dra.plugin.state import ClaimRef
 
     driver = _driver(tmp_path)
     assert [d.device_name for d in driver.prepare([ClaimRef("ns", "u1", "c")])["u1"].devices] == ["gpu-0"]
@@ -427,7 +427,7 @@ def test_a_prepared_uid_under_another_name_is_refused(tmp_path):
     ],
 )
 def test_the_claim_is_read_from_the_watch_cache_unless_it_lags(tmp_path, cached, reads):
-    from otel_dra.plugin.driver import ClaimRef
+    from otel_dra.plugin.state import ClaimRef
 
     api = _OneClaim()
     api.cached = cached
@@ -439,7 +439,7 @@ def test_the_claim_is_read_from_the_watch_cache_unless_it_lags(tmp_path, cached,
 
 
 def test_a_claim_gone_from_cache_and_etcd_is_not_found(tmp_path):
-    from otel_dra.plugin.driver import ClaimRef
+    from otel_dra.plugin.state import ClaimRef
 
     api = _OneClaim()
     result = _driver(tmp_path, api).prepare([ClaimRef("ns", "u2", "gone")])["u2"]
@@ -514,7 +514,7 @@ def test_a_broken_checkpoint_is_read_again_once_the_operator_acts(tmp_path, fix)
 
 
 def test_driver_reports_a_broken_checkpoint_per_claim_and_recovers(tmp_path):
-    from otel_dra.plugin.driver import ClaimRef
+    from otel_dra.plugin.state import ClaimRef
 
     (tmp_path / "checkpoint.json").write_bytes(b'{"version": 1, "claims": {"u1": ')  # truncated
     driver = _driver(tmp_path)

@@ -19,7 +19,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from bench.memory import fill
 from bench.workload import Workload
 from otel_dra.cli import main
-from otel_dra.cluster import deviceclass, devicetaintrule, joins, pod, resourceclaim, resourceslice
+from otel_dra.cluster import deviceclass, devicetaintrule, joined_families, pod, resourceclaim, resourceslice
 from otel_dra.cluster.exporter import SEED_FAMILIES, ClusterState, all_families, object_families
 from otel_dra.cluster.selection import EVERYTHING, FamilySelection
 from otel_dra.cluster.store import ObjectStore
@@ -60,7 +60,7 @@ def test_entries_match_whole_prometheus_family_names():
         allow("kube_resourceslice_device_capacity_memory")
     # kube-state-metrics lists anchored for its substring matching mean the same here.
     assert served(allow("^kube_resourcepool_.+$")) == served(allow("kube_resourcepool_.+"))
-    assert len(served(allow("kube_resourcepool_.+"))) == len(joins.POOL_FAMILIES)
+    assert len(served(allow("kube_resourcepool_.+"))) == len(joined_families.POOL_FAMILIES)
     # A part of a name selects nothing (kube-state-metrics would select every family containing it).
     with pytest.raises(ValueError, match="matches no family"):
         allow("_info")
@@ -234,7 +234,7 @@ def test_the_charts_pod_families_are_the_families_that_read_pods():
     [listed] = re.findall(r'\$podFamilies := list((?: "[^"]*")+) }}', helpers.read_text())
     chart = re.findall(r'"([^"]*)"', listed)
     reads_pods = [f.prom_name for f in object_families()[pod.RESOURCE.plural]]
-    reads_pods += [f.prom_name for f in joins.ALL_FAMILIES if pod.RESOURCE.plural in f.reads]
+    reads_pods += [f.prom_name for f in joined_families.ALL_FAMILIES if pod.RESOURCE.plural in f.reads]
     assert sorted(chart) == sorted(reads_pods)
     assert len(chart) == len(set(chart))
 

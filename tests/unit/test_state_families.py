@@ -14,7 +14,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from otel_dra.cluster import deviceclass, devicetaintrule, joins, resourceclaim, resourceslice
+from otel_dra.cluster import deviceclass, devicetaintrule, joined_families, resourceclaim, resourceslice
 from otel_dra.cluster.resourceslice import DeviceAttributes
 from otel_dra.telemetry.exposition import assemble
 from otel_dra.telemetry.otlp_encode import RequestBuilder
@@ -236,7 +236,7 @@ def _families_beyond_the_seed() -> list[Any]:
     """What the exporter serves besides the seven seed families (`FAMILIES`, which the seed's own
     golden test covers): each resource module's STATE_FAMILIES and the joins' families."""
     modules = (resourceclaim, resourceslice, deviceclass, devicetaintrule)
-    return [family for module in modules for family in module.STATE_FAMILIES] + list(joins.ALL_FAMILIES)
+    return [family for module in modules for family in module.STATE_FAMILIES] + list(joined_families.ALL_FAMILIES)
 
 
 # --- parsing edge cases ------------------------------------------------------------------------------

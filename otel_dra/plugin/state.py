@@ -1,0 +1,188 @@
+"""What preparing a claim means on this node, without I/O: the allocation results of the claim that
+are this driver's, checked against this node's pool and devices, turned into prepared devices (what
+the kubelet and the checkpoint get) and CDI edits (what the claim's CDI spec sets for each device).
+
+As upstream's ``cmd/dra-example-kubeletplugin/state.go`` (kubernetes-sigs/dra-example-driver:
+``DeviceState.prepareDevices`` and ``applyConfig``), minus what touches the world: reading the
+claim, writing the spec and the checkpoint, spans and metrics are :mod:`otel_dra.plugin.driver`'s.
+Everything here is a pure function of the claim (a parsed JSON object) and of what the driver is
+(its name, its pool, the devices it publishes, the CDI ids it hands out), so it is tested without
+gRPC, an API server or files. A claim that cannot be prepared raises :class:`ClaimError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from otel_dra.plugin.checkpoint import PreparedClaim, PreparedDevice
+from otel_dra.plugin.config import DEFAULT, ConfigError, configs_by_request, device_env
+from otel_dra.records import record
+
+# (device name, container environment): one CDI device of a claim's spec.
+Edit = tuple[str, Sequence[str]]
+
+
+@record(frozen=True)
+class ClaimRef:
+    """A claim as the kubelet names it."""
+
+    namespace: str
+    uid: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name} (uid {self.uid})"
+
+
+class ClaimError(Exception):
+    """Preparing or unpreparing one claim failed; ``kind`` is a short, bounded error type."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@record(frozen=True)
+class PreparedAllocation:
+    """A claim's allocation, prepared: its devices in the order of the allocation results, and
+    the CDI edits of its spec, one per device even if two requests got it."""
+
+    devices: tuple[PreparedDevice, ...]
+    edits: tuple[Edit, ...]
+
+
+class DeviceState:
+    """What this node's driver prepares. ``published``: the device of that name this node
+    publishes, or None; ``device_ids``: the CDI device ids of (claim UID, device name)."""
+
+    def __init__(
+        self,
+        driver_name: str,
+        pool_name: str,
+        published: Callable[[str], object | None],
+        device_ids: Callable[[str, str], Sequence[str]],
+    ) -> None:
+        self.driver_name = driver_name
+        self.pool_name = pool_name
+        self._published = published
+        self._device_ids = device_ids
+
+    def prepare(self, ref: ClaimRef, claim: Mapping[str, Any]) -> PreparedAllocation:
+        """The prepared devices and CDI edits of ``claim``, the claim ``ref`` names."""
+        results = self.results(ref, claim)
+        try:
+            configs = configs_by_request(
+                claim["status"]["allocation"]["devices"].get("config"),
+                self.driver_name,
+                [r["request"] for r in results],
+            )
+        except ConfigError as exc:
+            raise ClaimError("InvalidConfig", f"ResourceClaim {ref.namespace}/{ref.name}: {exc}") from exc
+        # As upstream: admin access is the claim's (any result of any driver), for every device.
+        admin = any(
+            isinstance(r, dict) and r.get("adminAccess") is True
+            for r in claim["status"]["allocation"]["devices"]["results"]
+        )
+        edits: dict[str, list[str]] = {}  # one CDI device per device, even if two requests got it
+        for r in results:
+            env = device_env(ref.uid, r["device"], admin, configs[r["request"]], r["consumed"])
+            edits.setdefault(r["device"], env)
+        devices = tuple(
+            PreparedDevice(
+                request_names=(r["request"],),
+                pool_name=r["pool"],
+                device_name=r["device"],
+                cdi_device_ids=tuple(self._device_ids(ref.uid, r["device"])),
+                container_env=tuple(edits[r["device"]]),
+            )
+            for r in results
+        )
+        return PreparedAllocation(devices, tuple(edits.items()))
+
+    def results(self, ref: ClaimRef, claim: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The allocation results for this driver, checked to be devices of this node's pool."""
+        metadata = claim.get("metadata") if isinstance(claim.get("metadata"), dict) else {}
+        uid = metadata.get("uid") if isinstance(metadata, dict) else None
+        if uid != ref.uid:
+            raise ClaimError(
+                "UIDMismatch",
+                f"ResourceClaim {ref.namespace}/{ref.name} has UID {uid}, not {ref.uid} (deleted and re-created?)",
+            )
+        status = claim.get("status") or {}
+        allocation = status.get("allocation") if isinstance(status, dict) else None
+        if not allocation:
+            raise ClaimError("NotAllocated", f"ResourceClaim {ref.namespace}/{ref.name} is not allocated")
+        try:
+            results = allocation["devices"]["results"]
+            if not isinstance(results, list):
+                raise TypeError("results is not a list")
+            ours: list[dict[str, Any]] = []
+            for r in results:
+                if r["driver"] != self.driver_name:
+                    continue
+                ours.append(
+                    {
+                        "request": str(r["request"]),
+                        "pool": str(r["pool"]),
+                        "device": str(r["device"]),
+                        "consumed": _quantities(r.get("consumedCapacity")),
+                    }
+                )
+        except (KeyError, TypeError) as exc:
+            raise ClaimError("InvalidClaim", f"malformed status.allocation.devices.results: {exc!r}") from exc
+        if not ours:
+            raise ClaimError(
+                "NoResultsForDriver",
+                f"ResourceClaim {ref.namespace}/{ref.name} has no allocation results for driver {self.driver_name}",
+            )
+        for r in ours:
+            if r["pool"] != self.pool_name:
+                raise ClaimError(
+                    "WrongPool", f"device {r['pool']}/{r['device']} is not in this node's pool {self.pool_name}"
+                )
+            if self._published(str(r["device"])) is None:
+                raise ClaimError("UnknownDevice", f"device {r['device']} is not published by this node")
+        return ours
+
+
+def check_prepared(ref: ClaimRef, prepared: PreparedClaim) -> None:
+    """A claim prepared before answers only under the name it was prepared with: without this the
+    checkpoint answered for a UID under any name (the API read, skipped on a hit, is what checks
+    name and UID otherwise; found by tests/fuzz)."""
+    if (prepared.namespace, prepared.name) != (ref.namespace, ref.name):
+        raise ClaimError(
+            "UIDMismatch",
+            f"claim UID {ref.uid} was prepared as {prepared.namespace}/{prepared.name}, not {ref.namespace}/{ref.name}",
+        )
+
+
+def prepared_edits(claim_uid: str, prepared: PreparedClaim) -> list[Edit]:
+    """The CDI edits of a claim prepared before, from its checkpoint entry (the defaults for an
+    entry of an older plugin version, which kept no environment)."""
+    known = {
+        d.device_name: list(d.container_env) or device_env(claim_uid, d.device_name, False, DEFAULT)
+        for d in prepared.devices
+    }
+    return list(known.items())
+
+
+def allocated_as(ref: ClaimRef, claim: Mapping[str, Any]) -> bool:
+    """Whether ``claim`` is the claim ``ref`` names (its UID) and carries an allocation."""
+    metadata = claim.get("metadata")
+    status = claim.get("status")
+    return (
+        isinstance(metadata, dict)
+        and metadata.get("uid") == ref.uid
+        and isinstance(status, dict)
+        and bool(status.get("allocation"))
+    )
+
+
+def _quantities(value: Any) -> dict[str, str]:
+    """``consumedCapacity`` (name -> quantity) as strings; anything else is malformed."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, (str, int, float)) for v in value.values()):
+        raise TypeError(f"consumedCapacity is not a map of quantities: {value!r}")
+    return {str(k): str(v) for k, v in value.items()}
