@@ -57,10 +57,10 @@ test-unit: install
 	$(BIN)/pytest -m "not testbed" $(PYTEST_ARGS)
 
 # The one-minute check while you work (55 s on 2 cores, warm, measured while a CI run shared them):
-# lint as `make lint` does, then the unit tests (tests/unit, and the tests of tests/test_testbed.py
-# that need no built binaries) without the fuzz suite or the testbed. `make test` runs all of it.
+# lint as `make lint` does, then the unit tests (tests/unit) without the fuzz suite or the testbed.
+# `make test` runs all of it.
 test-quick: lint
-	$(BIN)/pytest -m "not testbed and not fuzz" tests/unit tests/test_testbed.py $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not testbed and not fuzz" tests/unit $(PYTEST_ARGS)
 
 # The fuzz suite (tests/fuzz) at depth: 100,000 examples per watched kind and property, and for the
 # plugin's RPCs (hours on 2 cores). `make test` and `make test-unit` run it with the CI profile (2,000

@@ -84,7 +84,8 @@ def plain_http_transport(config: OtlpSignalConfig, env: Mapping[str, str] | None
     Why: a requests session costs about 4 MiB of resident memory and 90 modules at start-up (the
     plugin's RSS with tracing on, issue 12), and urllib3 is loaded anyway (the Kubernetes client).
     Both transports come with the SDK (``opentelemetry-exporter-http-transport``: "requests" and
-    "urllib3"); the exporter takes one through its ``_transport`` argument. They differ only in
+    "urllib3"); the exporter takes one through its private ``_transport`` argument (both private
+    names live in :mod:`otel_dra.telemetry.sdk_private`; None when they are gone). They differ only in
     what requests adds from the environment, so the urllib3 one is used only when none of that
     applies: a plain ``http://`` endpoint (for TLS requests trusts certifi's bundle, urllib3 the
     system's), no proxy variable (requests honours ``*_proxy``), no netrc file (requests sends
@@ -104,6 +105,6 @@ def plain_http_transport(config: OtlpSignalConfig, env: Mapping[str, str] | None
     # As requests looks for one (requests.utils.get_netrc_auth): no error without a home directory.
     if env.get("NETRC") or any(os.path.exists(os.path.expanduser(name)) for name in ("~/.netrc", "~/_netrc")):
         return None
-    from opentelemetry.exporter.http.transport._urllib3 import Urllib3HTTPTransport
+    from otel_dra.telemetry.sdk_private import urllib3_transport
 
-    return Urllib3HTTPTransport()
+    return urllib3_transport()

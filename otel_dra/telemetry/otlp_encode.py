@@ -24,15 +24,19 @@ compares them with what the SDK's own encoder produces.
 
 from __future__ import annotations
 
+import logging
 import struct
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import NamedTuple
 
-from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, InstrumentationScope, KeyValue, KeyValueList
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource as ResourceProto
 from opentelemetry.sdk.resources import Resource
+
+log = logging.getLogger(__name__)
 
 # time_unix_nano field (tag 3, fixed64 = 0x19) with a placeholder value. The value bytes contain
 # 0xC3 followed by 0x3C, which is invalid UTF-8 (a lead byte needs a continuation byte), so the
@@ -168,13 +172,47 @@ class MetricHeader:
         return _field(0x0A, _utf8(self.name)) + _field(0x12, _utf8(self.description)) + _field(0x1A, _utf8(self.unit))
 
 
+def _any_value(value: object) -> AnyValue:
+    """An attribute value as the SDK's OTLP encoder writes it (its private ``_encode_value``, same
+    type tests in the same order: bool before int, str and bytes before sequences)."""
+    if value is None:
+        return AnyValue()
+    if isinstance(value, bool):
+        return AnyValue(bool_value=value)
+    if isinstance(value, str):
+        return AnyValue(string_value=value)
+    if isinstance(value, int):
+        return AnyValue(int_value=value)
+    if isinstance(value, float):
+        return AnyValue(double_value=value)
+    if isinstance(value, bytes):
+        return AnyValue(bytes_value=value)
+    if isinstance(value, Sequence):
+        return AnyValue(array_value=ArrayValue(values=[_any_value(v) for v in value]))
+    if isinstance(value, Mapping):
+        return AnyValue(
+            kvlist_value=KeyValueList(values=[KeyValue(key=str(k), value=_any_value(v)) for k, v in value.items()])
+        )
+    raise TypeError(f"invalid type {type(value).__name__} of value {value!r}")
+
+
+def encode_resource(resource: Resource) -> bytes:
+    """The OTLP ``Resource`` message of ``resource``, serialised: what the SDK's exporters send
+    (an attribute it cannot encode is left out and logged, as the SDK does)."""
+    attributes = []
+    for key, value in resource.attributes.items():
+        try:
+            attributes.append(KeyValue(key=key, value=_any_value(value)))
+        except (TypeError, ValueError) as exc:  # ValueError: an int beyond 64 bits
+            log.warning("resource attribute %s left out of OTLP: %s", key, exc)
+    return ResourceProto(attributes=attributes).SerializeToString()
+
+
 class RequestBuilder:
     """Builds ExportMetricsServiceRequest messages from pre-encoded points."""
 
     def __init__(self, resource: Resource, scope_name: str, scope_version: str) -> None:
-        from opentelemetry.exporter.otlp.proto.common._internal import _encode_resource
-
-        self._resource = _field(0x0A, _encode_resource(resource).SerializeToString())
+        self._resource = _field(0x0A, encode_resource(resource))
         scope = InstrumentationScope(name=scope_name, version=scope_version).SerializeToString()
         self._scope = _field(0x0A, scope)
 

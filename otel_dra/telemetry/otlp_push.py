@@ -4,9 +4,10 @@ The transport is the SDK's own OTLP exporter, configured from the same ``OTEL_EX
 variables (endpoint, headers, TLS, compression, timeout, retries with backoff); we only hand it
 bytes that are already serialised. Over HTTP it gets the SDK's urllib3 transport where that sends
 what its default requests session would (:func:`otel_dra.telemetry.provider.otlp_metric_exporter`).
-That uses a few private hooks of opentelemetry-exporter-otlp 1.45 (pinned in requirements.lock);
-tests/integration/test_exporter_live.py exercises both protocols against a real OTLP receiver, so
-an upgrade that moves them fails loudly.
+Handing it bytes takes private hooks of opentelemetry-exporter-otlp 1.45 (pinned in
+requirements.lock), all of them in :mod:`otel_dra.telemetry.sdk_private`, whose unit test
+(tests/unit/test_sdk_private.py) sends through both protocols to a real OTLP receiver, so an
+upgrade that moves them fails loudly.
 """
 
 from __future__ import annotations
@@ -24,47 +25,22 @@ from otel_dra.telemetry.priority import ScrapePriority
 
 log = logging.getLogger(__name__)
 
-_EXPORT_METHOD = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
-
 
 class RawSender(Protocol):
     def send(self, request: bytes) -> bool: ...
     def shutdown(self) -> None: ...
 
 
-class _GrpcSender:
-    def __init__(self, exporter: Any) -> None:
-        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
+class _ExporterSender:
+    """Serialised requests through an SDK OTLP metric exporter (its configuration, retries, TLS);
+    how the exporter is made to take bytes is private to the SDK (sdk_private)."""
 
-        class RawStub:
-            def __init__(self, channel: Any) -> None:
-                self.Export = channel.unary_unary(
-                    _EXPORT_METHOD,
-                    request_serializer=lambda data: data,
-                    response_deserializer=ExportMetricsServiceResponse.FromString,
-                )
-
-        exporter._stub = RawStub
-        exporter._initialize_channel_and_stub()
-        exporter._translate_data = lambda data: data
-        exporter._count_data = lambda data: 0
+    def __init__(self, exporter: Any, send: Callable[[bytes], bool]) -> None:
         self._exporter = exporter
+        self._send = send
 
     def send(self, request: bytes) -> bool:
-        from opentelemetry.sdk.metrics.export import MetricExportResult
-
-        return bool(self._exporter._export(request) == MetricExportResult.SUCCESS)
-
-    def shutdown(self) -> None:
-        self._exporter.shutdown()
-
-
-class _HttpSender:
-    def __init__(self, exporter: Any) -> None:
-        self._exporter = exporter
-
-    def send(self, request: bytes) -> bool:
-        return bool(self._exporter._client.export(request).success)
+        return self._send(request)
 
     def shutdown(self) -> None:
         self._exporter.shutdown()
@@ -74,9 +50,11 @@ def raw_sender(config: OtlpSignalConfig) -> RawSender:
     """A sender over the SDK exporter that the metric reader would get for ``config`` (the same
     protocol and, over HTTP, the same transport choice), fed our bytes."""
     from otel_dra.telemetry.provider import otlp_metric_exporter
+    from otel_dra.telemetry.sdk_private import grpc_bytes_sender, http_bytes_sender
 
     exporter = otlp_metric_exporter(config)
-    return _GrpcSender(exporter) if config.protocol == "grpc" else _HttpSender(exporter)
+    sender = grpc_bytes_sender if config.protocol == "grpc" else http_bytes_sender
+    return _ExporterSender(exporter, sender(exporter))
 
 
 # What to push: (metric header, its point chunks), or None while there is nothing valid to push.

@@ -24,7 +24,6 @@ from opentelemetry.sdk.metrics import (
     ObservableUpDownCounter,
     UpDownCounter,
 )
-from opentelemetry.sdk.metrics import _Gauge as SyncGauge
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
 from prometheus_client import CollectorRegistry, ProcessCollector
@@ -37,6 +36,7 @@ from otel_dra.telemetry.otlp import (
     otlp_config,
     plain_http_transport,
 )
+from otel_dra.telemetry.sdk_private import otlp_http_exporter, sync_gauge_class
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +50,12 @@ NO_CARDINALITY_CAP: dict[type, int] = {
         Counter,
         UpDownCounter,
         Histogram,
-        SyncGauge,
+        sync_gauge_class(),  # the synchronous Gauge: a private name of the SDK (sdk_private)
         ObservableCounter,
         ObservableUpDownCounter,
         ObservableGauge,
     )
+    if kind is not None
 }
 
 
@@ -75,8 +76,7 @@ def otlp_metric_exporter(config: OtlpSignalConfig) -> MetricExporter:
         return Grpc()
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as Http
 
-    transport = plain_http_transport(config)
-    return Http() if transport is None else Http(_transport=transport)
+    return otlp_http_exporter(Http, plain_http_transport(config))
 
 
 @record

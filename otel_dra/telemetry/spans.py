@@ -11,9 +11,12 @@ what the SDK would have made on the call's own thread.
 
 Ids: a span whose context leaves the process during the call (the ``traceparent`` of an API
 request) gets its trace and span id at that moment, and the worker hands them to the SDK through
-this recorder's id generator, so the exported span has exactly the ids that were propagated. The
+the provider's id generator (a :class:`PresetIds`, given to the SDK's ``TracerProvider`` by
+:func:`tracer_provider`), so the exported span has exactly the ids that were propagated. The
 sampling decision for such a header is the sampler's, asked then with the same arguments the SDK
-asks it later (deterministic for every sampler ``OTEL_TRACES_SAMPLER`` can name).
+asks it later (deterministic for every sampler ``OTEL_TRACES_SAMPLER`` can name). A provider made
+elsewhere (a test's, a program embedding the plugin) gets the recorder's tracer's generator
+replaced instead, through the SDK's private layout (:mod:`otel_dra.telemetry.sdk_private`).
 
 Nothing here knows what is traced. A provider that is not the SDK's (tracing off) gives a recorder
 whose spans are one shared object that does nothing.
@@ -27,6 +30,7 @@ import queue
 import threading
 import time
 import traceback
+import weakref
 from collections import deque
 from collections.abc import Mapping, MutableMapping
 from typing import Any
@@ -35,9 +39,11 @@ from opentelemetry import context as context_api
 from opentelemetry import trace
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
-from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.sdk.trace.sampling import Decision
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import Decision, Sampler
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from otel_dra.telemetry import sdk_private
 
 log = logging.getLogger(__name__)
 
@@ -53,24 +59,50 @@ _SLOW_EXPORT_S = 1.0
 _SLOW_EXPORT_PAUSE_S = 60.0
 
 
-class _PresetIds(IdGenerator):
-    """The tracer's id generator, except that the worker can say which ids the next span gets."""
+class PresetIds(IdGenerator):
+    """An id generator that draws from ``inner``, except that the thread holding ``lock`` can say
+    which ids the next span it makes gets (``owner``, ``trace_id``, ``span_id``): other threads'
+    spans (other tracers of the same provider) draw as usual meanwhile. Every span of the provider
+    goes through this; without a preset it costs one attribute read more than ``inner`` alone."""
 
-    def __init__(self, inner: IdGenerator) -> None:
-        self.inner = inner
+    def __init__(self, inner: IdGenerator | None = None) -> None:
+        self.inner = inner if inner is not None else RandomIdGenerator()
+        self.lock = threading.Lock()  # held by the recorder making a trace (one at a time)
+        self.owner: int | None = None  # the thread whose presets these are
         self.trace_id: int | None = None
         self.span_id: int | None = None
 
     def generate_span_id(self) -> int:
-        preset, self.span_id = self.span_id, None
-        return preset if preset is not None else self.inner.generate_span_id()
+        preset = self.span_id
+        if preset is not None and self.owner == threading.get_ident():
+            self.span_id = None
+            return preset
+        return self.inner.generate_span_id()
 
     def generate_trace_id(self) -> int:
-        preset, self.trace_id = self.trace_id, None
-        return preset if preset is not None else self.inner.generate_trace_id()
+        preset = self.trace_id
+        if preset is not None and self.owner == threading.get_ident():
+            self.trace_id = None
+            return preset
+        return self.inner.generate_trace_id()
 
     def is_trace_id_random(self) -> bool:
         return self.inner.is_trace_id_random()
+
+
+# The providers tracer_provider made, with their id generator and sampler: what a SpanRecorder
+# needs of its provider, known without reading the SDK objects' attributes.
+_MADE: weakref.WeakKeyDictionary[SdkTracerProvider, tuple[PresetIds, Sampler]] = weakref.WeakKeyDictionary()
+
+
+def tracer_provider(*, sampler: Sampler, id_generator: IdGenerator | None = None, **kwargs: Any) -> SdkTracerProvider:
+    """The SDK's ``TracerProvider(sampler=..., id_generator=..., **kwargs)`` with a
+    :class:`PresetIds` around ``id_generator`` (the SDK's random ids by default), so that the
+    recorders of its tracers give exported spans the ids they propagated."""
+    ids = PresetIds(id_generator)
+    provider = SdkTracerProvider(sampler=sampler, id_generator=ids, **kwargs)
+    _MADE[provider] = (ids, sampler)
+    return provider
 
 
 class RecordedSpan:
@@ -264,12 +296,22 @@ class SpanRecorder:
         tracer = tracer_provider.get_tracer(scope, version)
         self.enabled = isinstance(tracer, SdkTracer)
         self._tracer = tracer
-        self._ids: _PresetIds | None = None
+        self._ids: PresetIds | None = None
+        self._sampler: Sampler | None = None
         if isinstance(tracer, SdkTracer):
-            # Only this recorder's tracer gets the preset ids (get_tracer makes a new Tracer each time).
-            self._ids = tracer.id_generator = _PresetIds(tracer.id_generator)
+            made = _MADE.get(tracer_provider) if isinstance(tracer_provider, SdkTracerProvider) else None
+            if made is not None:
+                self._ids, self._sampler = made
+            else:  # a provider made elsewhere: its tracer's generator is replaced (see sdk_private)
+                current = sdk_private.tracer_id_generator(tracer)
+                self._ids = current if isinstance(current, PresetIds) else PresetIds(current)
+                if self._ids is not current:
+                    sdk_private.set_tracer_id_generator(tracer, self._ids)
+                self._sampler = sdk_private.tracer_sampler(tracer)
         self._queue: deque[list[RecordedSpan]] = deque()
-        self._lock = threading.Lock()  # one trace made at a time: the preset ids are one slot
+        # One trace made at a time, in the order they ended; the recorders sharing an id generator
+        # share its lock, since its presets are one slot.
+        self._lock = self._ids.lock if self._ids is not None else threading.Lock()
         # The worker's wake-up: SimpleQueue's put and get are C, where an Event's set is Python code
         # that a cold call pays for (several puts before a get only mean an empty flush).
         self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
@@ -377,16 +419,14 @@ class SpanRecorder:
     def _decide(self, root: RecordedSpan) -> None:
         """A root's trace id and flags as ``Tracer.start_span`` will make them: its sampler asked
         with the same arguments; the random-trace-id flag from the id generator or the parent."""
-        assert isinstance(self._tracer, SdkTracer) and self._ids is not None
+        assert self._ids is not None and self._sampler is not None
         parent = root.remote_parent()
         if parent.is_valid:
             trace_id, random_id = parent.trace_id, parent.trace_flags.random_trace_id
         else:
             trace_id = root.trace_id = self._ids.inner.generate_trace_id()
             random_id = self._ids.inner.is_trace_id_random()
-        result = self._tracer.sampler.should_sample(
-            root.parent_context, trace_id, root.name, root.kind, root.attributes
-        )
+        result = self._sampler.should_sample(root.parent_context, trace_id, root.name, root.kind, root.attributes)
         flags = TraceFlags.SAMPLED if result.decision is Decision.RECORD_AND_SAMPLE else TraceFlags.DEFAULT
         root.flags = TraceFlags(flags | TraceFlags.RANDOM_TRACE_ID if random_id else flags)
         root.trace_state = result.trace_state
@@ -395,6 +435,7 @@ class SpanRecorder:
         """Start and end the SDK span of each recorded one (caller holds ``_lock``)."""
         ids = self._ids
         assert ids is not None  # traces are submitted only by spans of an SDK tracer
+        ids.owner = threading.get_ident()  # the presets below are this thread's
         made: dict[RecordedSpan, trace.Span] = {}
         try:
             for s in spans:

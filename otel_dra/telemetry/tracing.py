@@ -38,6 +38,8 @@ from opentelemetry.sdk.trace.sampling import (
 from otel_dra.records import record
 from otel_dra.telemetry.otlp import ConfigError, OtlpSignalConfig, otlp_config, plain_http_transport
 from otel_dra.telemetry.provider import make_resource
+from otel_dra.telemetry.sdk_private import otlp_http_exporter
+from otel_dra.telemetry.spans import tracer_provider
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +85,7 @@ def otlp_span_exporter(config: OtlpSignalConfig) -> SpanExporter:
         return Grpc()
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
 
-    transport = plain_http_transport(config)
-    return Http() if transport is None else Http(_transport=transport)
+    return otlp_http_exporter(Http, plain_http_transport(config))
 
 
 @record
@@ -131,6 +132,7 @@ def build_tracing_pipeline(
             exporter = otlp_span_exporter(config)
     if exporter is None:
         return TracingPipeline(trace.NoOpTracerProvider(), resource)
-    provider = TracerProvider(sampler=sampler, resource=resource, shutdown_on_exit=False)
+    # With the id generator a SpanRecorder presets (public constructor argument; see spans.py).
+    provider = tracer_provider(sampler=sampler, resource=resource, shutdown_on_exit=False)
     provider.add_span_processor(BatchSpanProcessor(exporter))
     return TracingPipeline(provider, resource, config, name)

@@ -21,7 +21,15 @@ from otel_dra.testbed.controlplane import (
     running,
     up,
 )
+from otel_dra.testbed.node import stop_nodes
 from otel_dra.testbed.releases import DEFAULT_FEATURE_GATES
+from otel_dra.testbed.state import before_down
+
+# The control plane stops what is attached to it before itself (Testbed.down), knowing nothing of
+# what that is; the nodes' teardown is registered here, where the package is put together, so that
+# every process that loads a testbed (`otel-dra testbed down` in another process too) stops its
+# nodes and puts the host back before the control plane goes.
+before_down(stop_nodes)
 
 __all__ = [
     "DEFAULT_FEATURE_GATES",

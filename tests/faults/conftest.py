@@ -30,7 +30,7 @@ import yaml
 
 from otel_dra.kube.client import KubeClient, load_credentials
 from otel_dra.testbed import Binaries, Testbed, running
-from tests.helpers import exporter_starter, parse_samples, rbac_kubeconfig, scrape
+from tests.helpers import exporter_starter, parse_samples, rbac_kubeconfig, scrape, wait_until
 
 NAMESPACE = "faults"  # the ServiceAccounts of the suite's exporters (audited)
 
@@ -250,28 +250,34 @@ class TcpProxy:
         self._stopping.set()
         self.cut()
         self._listener.close()
-        deadline = time.monotonic() + 10
-        while True:
+
+        def all_ended() -> bool:
+            # Read again each time: a connection accepted just before the listener closed may
+            # still be starting its reader and writer.
             with self._lock:
                 threads = list(self._threads)
             alive = [t for t in threads if t.is_alive()]
-            if not alive or time.monotonic() > deadline:
-                break
             for t in alive:
                 t.join(0.1)
+            return not alive
+
+        wait_until(all_ended, timeout=10, interval=0, what="the proxy's threads to end")
 
 
 def listen(port: int = 0) -> socket.socket:
     """A loopback listener on ``port``; a port just given up by another listener of this test may
     take a moment to be free again."""
-    deadline = time.monotonic() + 10
-    while True:
+    if not port:
+        return socket.create_server(("127.0.0.1", 0))  # any port: nothing to wait for
+
+    def bound() -> socket.socket | None:
         try:
             return socket.create_server(("127.0.0.1", port))
         except OSError:
-            if not port or time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+            return None
+
+    listener: socket.socket = wait_until(bound, timeout=10, what=f"port {port} to be free again")
+    return listener
 
 
 def _reset(sock: socket.socket) -> None:

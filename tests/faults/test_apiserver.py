@@ -96,16 +96,17 @@ def test_apiserver_killed_and_restarted(world, exporters):
     killed = time.monotonic()
     try:
         codes: list[tuple[float, int]] = []
-        while time.monotonic() - killed < stale_after + 10:
+
+        def served_500() -> tuple[int, str] | None:
+            """The answer once /metrics answers 500; every answer before it must be a 200."""
             code, body = scrape(app.port)
             codes.append((time.monotonic() - killed, code))
-            if code == 500:
-                break
-            assert code == 200
-            time.sleep(0.05)
+            assert code in (200, 500), codes[-5:]
+            return (code, body) if code == 500 else None
+
+        _code, body = wait_until(served_500, timeout=stale_after + 10, interval=0.05, what="/metrics to answer 500")
         to_500 = codes[-1][0]
         print(f"\n/metrics 500 after {to_500:.2f} s (--stale-after {stale_after}); 200 until then")
-        assert codes[-1][1] == 500, codes[-5:]
         assert stale_after - 0.5 <= to_500 <= stale_after + 1.5, to_500
         assert "kube_" not in body  # no partial data
         assert http_get(f"http://127.0.0.1:{app.port}/healthz")[0] == 200
@@ -185,8 +186,21 @@ def test_watch_resumes_after_etcd_compaction_with_one_relist(world, exporters, p
 
     # What the API server saw after the partition healed: per resource, watches that ended in
     # 410 (an HTTP 410, or a 200 stream carrying the ERROR event), then one list, then a watch.
-    time.sleep(1)
-    requests = [r for r in ft.audit("resume", since=resumed) if _resource(r["uri"]) in WATCHED]
+    # The client can hold a list's answer before the server has written its audit event: read the
+    # log once it shows, for every resource, a list and the watch that follows it.
+    def relisted_and_watching() -> list[dict[str, Any]] | None:
+        requests = [r for r in ft.audit("resume", since=resumed) if _resource(r["uri"]) in WATCHED]
+        listed = {_resource(r["uri"]): r["time"] for r in requests if r["verb"] == "list"}
+        watching = {
+            resource
+            for resource, at in listed.items()
+            if any(r["verb"] == "watch" and _resource(r["uri"]) == resource and r["time"] >= at for r in requests)
+        }
+        return requests if watching == set(WATCHED) else None
+
+    requests = wait_until(
+        relisted_and_watching, timeout=30, what="a list, then a watch, of each resource in the audit log"
+    )
     lists = Counter(_resource(r["uri"]) for r in requests if r["verb"] == "list")
     print(f"\nafter the partition: {len(requests)} requests, lists {dict(lists)}")
     assert lists == dict.fromkeys(WATCHED, 1), requests
@@ -331,7 +345,10 @@ def test_throttled_exporter_waits_as_long_as_retry_after_says(world, exporters):
     )
     assert set(WATCHED) <= {p.rsplit("/", 1)[-1] for p in by_path}
     for path, between in gaps.items():
-        assert between and min(between) >= 0.95, (path, between)  # Retry-After is at least 1 s
+        # Every reflector asked again, no sooner than Retry-After (at least 1 s); the server's
+        # /version, read once when the DeviceTaintRule reflector connects, may have no second ask.
+        assert between or path == "/version", (path, between)
+        assert not between or min(between) >= 0.95, (path, between)
     # No storm: at most one request per reflector and second (plus the first).
     assert len(requests) <= len(by_path) * (window + 2), len(requests)
 

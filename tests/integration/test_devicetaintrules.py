@@ -109,7 +109,7 @@ def test_not_served_is_logged_once_and_everything_else_is_served(unserved, start
         assert "kube_resourceclaim_status_reserved_total" in text
         state = _reflector(app).state()
         assert state.synced and "not served" in (state.unavailable or "")
-        time.sleep(1)
+        time.sleep(1)  # a window, not a condition: a repeated "not served" line would come within it
     messages = _rule_messages(caplog)
     assert len([m for m in messages if "not served" in m]) == 1, messages
     assert _chosen(caplog) == []
@@ -384,7 +384,13 @@ def test_rules_without_and_with_an_empty_selector_agree_with_the_scheduler(testb
         ]
         assert absent_flag == 1.0
         wait_until(lambda: _nosel_free(app.port) == expected_free, what=f"{expected_free} free under the rule")
-        time.sleep(1)  # the scheduler's informer sees the rule as the exporter's watch did
+        # A fixed wait, not a condition, because none can be observed: the scheduler's informer
+        # receives the rule in the same watch event as the exporter's, but the scheduler shows
+        # nothing of its cache (no status it writes, no metric per rule), and its one observable,
+        # an allocation, is what is measured here (a probe claim would take a device or, refused,
+        # be retried by the scheduler once the rule goes). A watch event on loopback takes
+        # milliseconds; the second is a margin.
+        time.sleep(1)
         placed = _placed(client, "absent", NOSEL_DEVICES)
         assert placed == expected_free, f"exporter said {expected_free} free, the scheduler allocated {placed}"
         _clear_claims(client)
@@ -392,7 +398,7 @@ def test_rules_without_and_with_an_empty_selector_agree_with_the_scheduler(testb
 
         create(client, empty)
         wait_until(lambda: _nosel_free(app.port) == 0, what="no device free under {}")
-        time.sleep(1)
+        time.sleep(1)  # the scheduler's informer gets the rule: nothing shows when (see above)
         assert _placed(client, "empty", NOSEL_DEVICES) == 0, "the scheduler allocated a device under a {} rule"
         # The refused pod first: once the rule is gone the scheduler would retry it and take a device.
         _clear_claims(client)

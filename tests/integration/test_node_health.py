@@ -82,6 +82,19 @@ def _taints(client: KubeClient, node: Node) -> dict[str, list[tuple[str, str, st
     return out
 
 
+# What the kubelet logs (-v=2; 1.34 to 1.38) when a plugin's health stream ends
+# (pkg/kubelet/cm/dra/plugin, V(2)) and when it starts unregistering a plugin whose registration
+# socket is gone (pkg/kubelet/pluginmanager/reconciler, V(1)): from then on no retry of the stream.
+_STREAM_ENDED = '"WatchResources health stream has ended"'
+_UNREGISTER_STARTED = '"OperationExecutor.UnregisterPlugin started"'
+
+
+def _kubelet_log_since(node: Node, offset: int) -> str:
+    with node.kubelet_log.open("rb") as log:
+        log.seek(offset)
+        return log.read().decode(errors="replace")
+
+
 def _health_file(node: Node, device: str) -> Path:
     return node.plugins_dir / DRIVER / "health" / device
 
@@ -157,10 +170,18 @@ def test_device_health_reaches_the_pod_taints_the_slice_and_recovers(
         what="the exporter's kube_pod_resourceclaim_device_health Unhealthy",
     )
 
-    # A new claim: the only free device is tainted, so the real scheduler allocates nothing.
+    # A new claim: the only free device is tainted, so the real scheduler allocates nothing. It says
+    # so once it has tried (PodScheduled False, reason Unschedulable), which it does only once the
+    # claim controller has made the pod's claim (named in the pod's status).
     _claim_pod(client, "health-b")
-    time.sleep(5)
-    pod_b = client.get_json(f"/api/v1/namespaces/{NAMESPACE}/pods/health-b")
+
+    def scheduler_refused() -> dict[str, Any] | None:
+        pod = client.get_json(f"/api/v1/namespaces/{NAMESPACE}/pods/health-b")
+        conditions = {c["type"]: c for c in pod["status"].get("conditions") or []}
+        tried = conditions.get("PodScheduled", {}).get("reason") == "Unschedulable"
+        return pod if tried and pod["status"].get("resourceClaimStatuses") else None
+
+    pod_b = wait_until(scheduler_refused, timeout=30, what="the scheduler to refuse health-b")
     assert pod_b["status"].get("phase") == "Pending"
     scheduled = {c["type"]: c for c in pod_b["status"].get("conditions") or []}.get("PodScheduled", {})
     assert scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable", pod_b["status"]
@@ -186,11 +207,17 @@ def test_device_health_reaches_the_pod_taints_the_slice_and_recovers(
 
     for pod in ("health-a", "health-b"):
         _delete_and_check_unprepared(client, node, pod, _generated_claim(client, pod))
-    plugin.kill()  # a clean stop ends the stream with EOF
-    time.sleep(6)  # the kubelet retries a stream 5 s after it ended
-    with node.kubelet_log.open("rb") as log:
-        log.seek(offset)
-        kubelet_log = log.read().decode(errors="replace")
+    stopped_at = _kubelet_log_size(node)
+    plugin.kill()  # a clean stop: the plugin unregisters, then ends the stream with EOF
+    # An error about the stream's end would be logged with its end; a retry (the kubelet's comes
+    # 5 s after a stream ended) only while the plugin is registered. Both are settled once the
+    # kubelet has logged the stream's end and the plugin's unregistration.
+    wait_until(
+        lambda: all(line in _kubelet_log_since(node, stopped_at) for line in (_STREAM_ENDED, _UNREGISTER_STARTED)),
+        timeout=30,
+        what="the kubelet to log the stream's end and the plugin's unregistration",
+    )
+    kubelet_log = _kubelet_log_since(node, offset)
     assert "Successfully started WatchResources health stream" in kubelet_log  # -v=2
     errors = _HEALTH_ERROR.findall(kubelet_log)
     assert not errors, "\n".join(line for line in kubelet_log.splitlines() if _HEALTH_ERROR.match(line))

@@ -6,7 +6,7 @@ with one half allocated by the real scheduler, and on a pool whose device names 
 from __future__ import annotations
 
 import contextlib
-import time
+import itertools
 from typing import Any
 
 import pytest
@@ -138,8 +138,17 @@ def test_pool_figures_agree_with_resource_pool_status_request(oracle_testbed, st
         lambda: all(_ours(app.port)[p].get("kube_resourcepool_devices_allocated") == 1.0 for p in (NODE, TYPED)),
         what="the allocations seen",
     )
-    time.sleep(1)  # let the controller's informers see the allocation too
-    after = _compare(_request_status(client, "oracle-after"), _ours(app.port))
+    # The controller answers each request once, from its informers: ask again until its answer
+    # counts the allocations too (a request made before its informers saw them would not).
+    attempts = itertools.count()
+
+    def allocations_seen_by_the_controller() -> dict[str, Any] | None:
+        status = _request_status(client, f"oracle-after-{next(attempts)}")
+        allocated = {p["poolName"]: p.get("allocatedDevices") for p in status.get("pools") or []}
+        return status if all(allocated.get(pool) == 1 for pool in (NODE, TYPED)) else None
+
+    status = wait_until(allocations_seen_by_the_controller, timeout=60, what="the controller to count the allocations")
+    after = _compare(status, _ours(app.port))
     # Where the two differ by design (docs/metrics.md, "Agreement with ResourcePoolStatusRequest"):
     for report in (before, after):
         # The pool whose device names an undefined counter set: the scheduler allocates nothing from

@@ -154,7 +154,7 @@ def test_send_buffers_handles_partial_sends():
     import socket
     import threading
 
-    from otel_dra.telemetry.http import send_buffers
+    from otel_dra.telemetry.httpserver import send_buffers
 
     a, b = socket.socketpair()
     a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)

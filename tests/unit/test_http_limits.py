@@ -15,7 +15,7 @@ import pytest
 
 from otel_dra.cli import build_parser
 from otel_dra.cli.web import web_options
-from otel_dra.telemetry import http
+from otel_dra.telemetry import httpserver
 from otel_dra.telemetry.http import Endpoints, Limits, MetricsServer
 
 BODY = b"up 1\n"
@@ -213,7 +213,7 @@ class _BlockedScrape:
 
 
 def test_requests_served_at_once_are_bounded_by_the_workers(monkeypatch):
-    monkeypatch.setattr(http, "_WORKER_IDLE", 0.2)
+    monkeypatch.setattr(httpserver, "_WORKER_IDLE", 0.2)
     scrape = _BlockedScrape()
     gate, in_flight, most = scrape.gate, scrape.in_flight, scrape.most
 

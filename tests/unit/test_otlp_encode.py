@@ -11,7 +11,7 @@ from opentelemetry.sdk.resources import Resource
 
 from otel_dra.cluster import deviceclass
 from otel_dra.cluster.store import ObjectStore
-from otel_dra.telemetry.otlp_encode import MetricHeader, PointEncoder, PointGroup, RequestBuilder
+from otel_dra.telemetry.otlp_encode import MetricHeader, PointEncoder, PointGroup, RequestBuilder, encode_resource
 from tests.unit.sample_stores import register_sdk_gauges, sample_stores
 
 RESOURCE = Resource.create({"service.name": "t", "k8s.cluster.name": "c"})
@@ -57,6 +57,38 @@ def test_pre_encoded_requests_equal_sdk_encoding():
     assert {k: v[:3] for k, v in got.items()} == {k: v[:3] for k, v in expected.items()}
     assert all(v[3] == {1_700_000_000_123_456_789} for v in got.values())
     assert resources == sdk_resources and scopes == sdk_scopes
+
+
+@pytest.mark.parametrize(
+    "attributes",
+    [
+        {"service.name": "t"},
+        {
+            "service.name": "ünïcode ☃",
+            "flag": True,
+            "off": False,
+            "count": 3,
+            "negative": -(2**63),
+            "ratio": 0.25,
+            "names": ("a", "b"),
+            "numbers": (1, 2, 3),
+            "floats": (1.5, -0.0),
+            "flags": (True, False),
+            "empty": "",
+        },
+    ],
+    ids=["one string", "every type"],
+)
+def test_the_resource_is_encoded_as_the_sdk_encodes_it(attributes):
+    """Our public-protobuf encoding of the resource against the SDK's encoder (whose
+    ``_encode_resource`` we used to call), byte for byte."""
+    resource = Resource(attributes)
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], resource=resource)
+    provider.get_meter("m").create_counter("c").add(1)
+    (resource_metrics,) = encode_metrics(reader.get_metrics_data()).resource_metrics
+    provider.shutdown()
+    assert encode_resource(resource) == resource_metrics.resource.SerializeToString()
 
 
 def test_requests_are_split_below_the_limit_without_losing_points():

@@ -13,11 +13,12 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, DEFAULT_ON
 from opentelemetry.trace import NoOpTracerProvider, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from otel_dra.telemetry.spans import SpanRecorder
+from otel_dra.telemetry import sdk_private
+from otel_dra.telemetry.spans import PresetIds, SpanRecorder, tracer_provider
 from tests.helpers import wait_until
 
 PROPAGATOR = TraceContextTextMapPropagator()
@@ -25,11 +26,19 @@ PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 CALLER = {"traceparent": PARENT, "tracestate": "vendor=abc,other=x"}
 
 
-def _provider(**kwargs: Any) -> tuple[TracerProvider, InMemorySpanExporter]:
+def _provider(made: bool = False, **kwargs: Any) -> tuple[TracerProvider, InMemorySpanExporter]:
+    """``made``: by spans.tracer_provider (the public id_generator argument), as the plugin's
+    providers are; else the SDK's own (a test's or an embedding program's: sdk_private's path)."""
     exporter = InMemorySpanExporter()
-    provider = TracerProvider(**kwargs)
+    provider = (
+        tracer_provider(sampler=kwargs.pop("sampler", DEFAULT_ON), **kwargs) if made else TracerProvider(**kwargs)
+    )
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     return provider, exporter
+
+
+# The tests of ids and sampling run with both kinds of provider.
+both = pytest.mark.parametrize("made", [True, False], ids=["made", "foreign"])
 
 
 @pytest.fixture
@@ -87,10 +96,11 @@ def _shape(spans: tuple[ReadableSpan, ...]) -> list[tuple[Any, ...]]:
     return out
 
 
-def test_recorded_spans_are_the_spans_the_sdk_makes(recorders):
+@both
+def test_recorded_spans_are_the_spans_the_sdk_makes(recorders, made):
     live_provider, live = _provider()
     _call_with_the_sdk(live_provider, {})
-    provider, exporter = _provider()
+    provider, exporter = _provider(made)
     recorder = recorders(provider)
     _call_recorded(recorder, {})
     recorder.flush()
@@ -108,8 +118,9 @@ def test_recorded_spans_are_the_spans_the_sdk_makes(recorders):
     assert all(rpc.start_time <= s.start_time and s.end_time <= rpc.end_time for s in got)  # type: ignore[operator]
 
 
-def test_the_propagated_context_is_the_exported_spans(recorders):
-    provider, exporter = _provider()
+@both
+def test_the_propagated_context_is_the_exported_spans(recorders, made):
+    provider, exporter = _provider(made)
     recorder = recorders(provider)
     headers: dict[str, str] = {}
     _call_recorded(recorder, headers)
@@ -127,8 +138,9 @@ def test_the_propagated_context_is_the_exported_spans(recorders):
     assert [version, trace_id, flags] == [live["traceparent"].split("-")[i] for i in (0, 1, 3)]
 
 
-def test_a_root_of_its_own_propagates_the_trace_id_it_is_exported_with(recorders):
-    provider, exporter = _provider()
+@both
+def test_a_root_of_its_own_propagates_the_trace_id_it_is_exported_with(recorders, made):
+    provider, exporter = _provider(made)
     recorder = recorders(provider)
     headers: dict[str, str] = {}
     with recorder.start("claim") as claim, claim.child("GET", kind=SpanKind.CLIENT) as get:
@@ -141,8 +153,9 @@ def test_a_root_of_its_own_propagates_the_trace_id_it_is_exported_with(recorders
     assert sent.trace_flags == spans["GET"].context.trace_flags  # sampled, and the random-trace-id flag
 
 
-def test_an_unsampled_trace_says_so_and_exports_nothing(recorders):
-    provider, exporter = _provider(sampler=ALWAYS_OFF)
+@both
+def test_an_unsampled_trace_says_so_and_exports_nothing(recorders, made):
+    provider, exporter = _provider(made, sampler=ALWAYS_OFF)
     recorder = recorders(provider)
     headers: dict[str, str] = {}
     with recorder.start("claim") as claim, claim.child("GET") as get:
@@ -286,3 +299,60 @@ def test_without_a_context_the_callers_current_span_is_the_parent(recorders):
     assert spans["call"].parent is not None and spans["call"].parent.span_id == outer.get_span_context().span_id
     sent = trace.get_current_span(PROPAGATOR.extract(headers)).get_span_context()
     assert (sent.trace_id, sent.span_id) == (outer.get_span_context().trace_id, spans["call"].context.span_id)
+
+
+def test_a_provider_made_here_needs_none_of_the_sdks_private_layout(recorders, monkeypatch):
+    def private(*args: Any) -> None:
+        raise AssertionError("sdk_private used for a provider made by spans.tracer_provider")
+
+    for name in ("tracer_id_generator", "set_tracer_id_generator", "tracer_sampler"):
+        monkeypatch.setattr(sdk_private, name, private)
+    provider, exporter = _provider(made=True)
+    recorder = recorders(provider)
+    headers: dict[str, str] = {}
+    with recorder.start("claim") as claim, claim.child("GET", kind=SpanKind.CLIENT) as get:
+        get.inject(headers)
+    recorder.flush()
+    (sent_get,) = [s for s in exporter.get_finished_spans() if s.name == "GET"]
+    assert headers["traceparent"].split("-")[2] == f"{sent_get.context.span_id:016x}"
+
+
+def test_the_tracing_pipelines_provider_is_made_here():
+    from otel_dra.telemetry.tracing import build_tracing_pipeline
+
+    pipeline = build_tracing_pipeline(service_name="s", version="1", env={}, exporter=InMemorySpanExporter())
+    try:
+        recorder = SpanRecorder(pipeline.tracer_provider, "t", "1")
+        assert recorder.enabled and recorder._ids is not None
+        tracer = pipeline.tracer_provider.get_tracer("t", "1")
+        assert sdk_private.tracer_id_generator(tracer) is recorder._ids  # the one given to the constructor
+        recorder.close()
+    finally:
+        pipeline.shutdown()
+
+
+def test_presets_are_the_setting_threads_only():
+    ids = PresetIds()
+    with ids.lock:
+        ids.owner, ids.span_id, ids.trace_id = threading.get_ident(), 7, 9
+        other: list[tuple[int, int]] = []
+        thread = threading.Thread(target=lambda: other.append((ids.generate_span_id(), ids.generate_trace_id())))
+        thread.start()
+        thread.join()
+        assert other[0] != (7, 9)  # another thread's span draws its own ids meanwhile
+        assert (ids.generate_span_id(), ids.generate_trace_id()) == (7, 9)
+        assert ids.generate_span_id() != 7  # taken once
+
+
+def test_recorders_sharing_a_foreign_tracer_share_one_generator(recorders):
+    provider, exporter = _provider()
+    first, second = recorders(provider), recorders(provider)
+    assert first._ids is second._ids and first._lock is second._lock  # the tracer (one per scope) is wrapped once
+    headers: list[dict[str, str]] = [{}, {}]
+    for recorder, carrier in zip((first, second), headers, strict=True):
+        with recorder.start("claim") as claim, claim.child("GET") as get:
+            get.inject(carrier)
+    first.flush()
+    second.flush()
+    got = sorted(f"{s.context.span_id:016x}" for s in exporter.get_finished_spans() if s.name == "GET")
+    assert got == sorted(h["traceparent"].split("-")[2] for h in headers)
