@@ -5,7 +5,7 @@ Why this exists: ``dataclasses.dataclass`` writes each class's ``__init__``, ``_
 compiles it with ``exec`` when the module is imported: about 2.0 M instructions per class, 3.75 M
 when frozen (Python 3.11, counted with valgrind). The plugin imports 25 such classes of ours before
 it serves; as dataclasses they were about 85 M instructions, 9% of its start-up CPU
-(docs/benchmarks.md, "Start-up CPU"). :func:`record` gives them the same behaviour from one
+(docs/benchmarks-log.md, "Start-up CPU"). :func:`record` gives them the same behaviour from one
 generic implementation of each method, shared by every record, so a class costs what a plain
 class costs. The price is a slower ``__init__`` (about a microsecond more per object; records are
 made per request at most, never per series).

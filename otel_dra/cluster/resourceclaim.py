@@ -20,7 +20,7 @@ from otel_dra.kube.reflector import ResourceType
 
 # Listed as JSON, not protobuf (as pods are): a claim is small (1.3 KB as listed), and building the
 # parser's dicts from protobuf messages cost more than json.loads (38.3 against 16.1 us per claim,
-# docs/benchmarks.md "Initial list as protobuf").
+# docs/benchmarks-log.md "Initial list as protobuf").
 RESOURCE = ResourceType("resourceclaims", "resource.k8s.io/v1")
 
 

@@ -5,7 +5,7 @@ For a list that the exporter keeps little of, protobuf is cheaper at both ends: 
 as the 1.37 API server lists them, 4,768 against 6,887 bytes and 77 against 101 us of the API
 server's time per pod, and decoding only the fields read (the messages in
 proto/otel_dra/_generated/k8s/, which skip every other field unbuilt) into the parser's dicts took
-29 us against 88 us for ``json.loads`` (docs/benchmarks.md, "Initial list as protobuf"). Not so for
+29 us against 88 us for ``json.loads`` (docs/benchmarks-log.md, "Initial list as protobuf"). Not so for
 small objects such as claims, where building the dicts in Python costs more than ``json.loads``.
 
 An answer is the 4-byte magic ``k8s\\0`` and a ``runtime.Unknown`` whose ``raw`` is the list; every

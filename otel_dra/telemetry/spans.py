@@ -3,7 +3,7 @@ into SDK spans by one worker thread once the call's root span has ended.
 
 Why: the OpenTelemetry SDK's span path is cheap when warm (10-15 µs a span) but a call that comes
 after a quiet spell finds its code and objects out of the CPU caches, and then the first span alone
-costs about 0.2 ms (measured: docs/benchmarks.md, "Tracing off the call's path"). A kubelet calls
+costs about 0.2 ms (measured: docs/benchmarks-log.md, "Tracing off the call's path"). A kubelet calls
 the plugin seconds apart, so every prepare paid that, five spans of it, inside the time the kubelet
 waits. Here the call only reads the clock and fills dicts; the worker then starts and ends each SDK
 span with the recorded times, names, kinds, attributes, events and status, so what is exported is
@@ -400,7 +400,7 @@ class SpanRecorder:
 
         The batch processor exports on a timer, and an export (encoding and sending, about 10 ms
         of Python for a few dozen spans) that overlaps a call delays it: measured at +7% on the
-        kubelet-observed prepare mean against the same spans never exported (docs/benchmarks.md,
+        kubelet-observed prepare mean against the same spans never exported (docs/benchmarks-log.md,
         "Tracing off the call's path"). Right after a call's spans are made is the gap where the
         next call is least likely, so the batch goes out then; under a steady stream of calls
         (always one in flight) the processor's own timer and batch size decide as before. An
