@@ -107,6 +107,17 @@ def parse_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
     return out
 
 
+def namespace_series(port: int, family: str, namespace: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """The exporter's series of ``family`` in ``namespace`` now: sorted labels -> value."""
+    code, text = scrape(port)
+    assert code == 200, text
+    return {
+        tuple(sorted(labels.items())): value
+        for name, labels, value in parse_samples(text)
+        if name == family and labels.get("namespace") == namespace
+    }
+
+
 def family_block(text: str, name: str) -> str:
     """The HELP/TYPE lines and samples of one family, as served."""
     lines = text.splitlines()

@@ -48,9 +48,9 @@ from otel_dra.plugin.registration import (
     endpoint_problem,
 )
 from otel_dra.testbed import Binaries, Testbed, running
-from otel_dra.testbed.build import BinariesMissingError, build_node
-from otel_dra.testbed.node import Node, find_node_binaries, host_support, start_node
+from otel_dra.testbed.node import Node, start_node
 from tests.helpers import wait_until
+from tests.integration import test_node
 
 pytestmark = [pytest.mark.node, pytest.mark.testbed]
 
@@ -58,17 +58,8 @@ ROOT = Path(__file__).resolve().parents[2]
 NODE = "n1"
 
 
-@pytest.fixture(scope="module")
-def node_support(testbed_binaries: Binaries) -> Binaries:
-    support = host_support()
-    if support.problems:
-        pytest.skip("this machine cannot run a testbed node: " + "; ".join(support.problems))
-    try:
-        find_node_binaries(testbed_binaries.kubelet)
-    except BinariesMissingError:
-        build_node()
-        find_node_binaries(testbed_binaries.kubelet)
-    return testbed_binaries
+# The same check and build as the other node tests (a module-scoped fixture per module).
+node_support = test_node.node_support
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import pytest
 
 from otel_dra.fixtures import create, object_path
 from otel_dra.kube.client import ApiError, KubeClient, load_credentials
-from tests.helpers import driver_class, node_slice, parse_samples, ready_node, scrape, wait_until
+from tests.helpers import driver_class, namespace_series, node_slice, ready_node, wait_until
 
 pytestmark = pytest.mark.kubernetes(min="1.38", reason="status.reservedFor names PodGroups from Kubernetes 1.38")
 
@@ -50,13 +50,7 @@ def _claim(name: str, reserved_for: list[dict[str, str]]) -> dict[str, Any]:
 
 
 def _series(port: int, family: str) -> dict[tuple[tuple[str, str], ...], float]:
-    code, text = scrape(port)
-    assert code == 200, text
-    return {
-        tuple(sorted(labels.items())): value
-        for name, labels, value in parse_samples(text)
-        if name == family and labels.get("namespace") == NS
-    }
+    return namespace_series(port, family, NS)
 
 
 def test_a_claim_reserved_for_a_podgroup_is_in_use_and_priced_in_its_namespace(testbed_sched, start_exporter_app):

@@ -25,7 +25,14 @@ from otel_dra.fixtures import create
 from otel_dra.kube.client import ApiError, KubeClient, load_credentials
 from otel_dra.testbed import Binaries, Testbed, running
 from otel_dra.testbed.build import kubernetes_release
-from tests.helpers import claim_pod, driver_class, node_slice, parse_samples, ready_node, scrape, wait_until
+from tests.helpers import (
+    claim_pod,
+    driver_class,
+    namespace_series,
+    node_slice,
+    ready_node,
+    wait_until,
+)
 
 pytestmark = pytest.mark.kubernetes(
     min="1.38", reason="PodGroups reserve ResourceClaims (gang scheduling, scheduling.k8s.io/v1beta1) from 1.38"
@@ -86,13 +93,7 @@ def _claim(name: str) -> dict[str, Any]:
 
 
 def _series(port: int, family: str) -> dict[tuple[tuple[str, str], ...], float]:
-    code, text = scrape(port)
-    assert code == 200, text
-    return {
-        tuple(sorted(labels.items())): value
-        for name, labels, value in parse_samples(text)
-        if name == family and labels.get("namespace") == NS
-    }
+    return namespace_series(port, family, NS)
 
 
 def _claim_json(client: KubeClient, name: str) -> dict[str, Any]:
