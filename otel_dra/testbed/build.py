@@ -748,7 +748,7 @@ def _build_row(root: Path, peer: GoPeer, env: Mapping[str, str], progress: Progr
 def served_versions(module: str, env: Mapping[str, str] | None = None) -> list[str]:
     """Every version of ``module`` the module proxy lists (``go list -m -versions``), pre-releases
     included."""
-    _require_go(f"to ask the module proxy for {module}", "1.24")
+    _require_go(f"the testbed (and to ask the module proxy for {module})", "1.24")
     result = subprocess.run(
         ["go", "list", "-m", "-versions", module],
         # Outside any module (a wrapper's go.mod would not matter, and GOFLAGS=-mod=mod is refused there).
