@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gzip
 import threading
-import time
 import zlib
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,6 +14,8 @@ from typing import Any
 import grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from tests.helpers import wait_until
 
 
 class OtlpReceiver:
@@ -132,9 +133,10 @@ class OtlpReceiver:
         return {}
 
     def wait_for(self, predicate: Any, timeout: float = 20.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate(self):
-                return True
-            time.sleep(0.1)
-        return bool(predicate(self))
+        """Whether ``predicate(self)`` came true within ``timeout`` (callers assert it with their
+        own message)."""
+        try:
+            wait_until(lambda: predicate(self), timeout=timeout, what="the OTLP receiver")
+        except AssertionError:
+            return bool(predicate(self))
+        return True

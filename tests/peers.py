@@ -19,7 +19,6 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -30,7 +29,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import yaml
 
-from tests.helpers import free_port
+from tests.helpers import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 COLLECTOR_CONFIGS = ROOT / "collector-config"
@@ -135,22 +134,24 @@ def _start(
         )
     peer = Peer(name, proc, workdir, log, ports)
     RUNNING.append(peer)
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def started() -> bool:
         if not peer.alive():
             peer.stop()
             tail = peer.log_tail()
             error = PortTaken if "address already in use" in tail else PeerError
             raise error(f"{name} exited with {proc.returncode} while starting; log {log}:\n{tail}")
         try:
-            if ready(peer):
-                return peer
+            return bool(ready(peer))
         except OSError:
-            pass  # not listening yet
-        if time.monotonic() > deadline:
-            peer.stop()
-            raise PeerError(f"{name} not ready after {timeout:.0f}s; log {log}:\n{peer.log_tail()}")
-        time.sleep(0.2)
+            return False  # not listening yet
+
+    try:
+        wait_until(started, timeout=timeout, interval=0.2, what=f"{name} ready")
+    except AssertionError:
+        peer.stop()
+        raise PeerError(f"{name} not ready after {timeout:.0f}s; log {log}:\n{peer.log_tail()}") from None
+    return peer
 
 
 # --- Prometheus --------------------------------------------------------------------------------
@@ -174,13 +175,14 @@ class Prometheus(Peer):
         with urllib.request.urlopen(req, timeout=10) as resp:
             assert resp.status == 200
         expected = set(self.jobs)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            active = {t["labels"].get("job") for t in self.api("/api/v1/targets")["activeTargets"]}
-            if expected <= active:
-                return
-            time.sleep(0.2)
-        raise PeerError(f"Prometheus did not load jobs {sorted(expected)}; log:\n{self.log_tail()}")
+
+        def loaded() -> bool:
+            return expected <= {t["labels"].get("job") for t in self.api("/api/v1/targets")["activeTargets"]}
+
+        try:
+            wait_until(loaded, timeout=30, interval=0.2, what="Prometheus to load the jobs")
+        except AssertionError:
+            raise PeerError(f"Prometheus did not load jobs {sorted(expected)}; log:\n{self.log_tail()}") from None
 
     def api(self, path: str, **params: str) -> Any:
         """GET an API path; returns ``data`` of a success answer, raises with Prometheus' error."""

@@ -13,6 +13,7 @@ from otel_dra._generated.k8s import meta_pb2
 from otel_dra.kube import protobuf
 from otel_dra.kube.client import ApiError
 from otel_dra.kube.reflector import Reflector, ResourceType
+from tests.helpers import wait_until
 
 RT = ResourceType("deviceclasses", "resource.k8s.io/v1")
 
@@ -188,7 +189,6 @@ def test_errors_back_off_and_are_reported_and_mark_state():
 
 def test_optional_resource_not_served_or_forbidden_is_logged_once_and_counts_as_synced(caplog):
     import logging
-    import time
 
     found = ResourceType("devicetaintrules", "resource.k8s.io/v1alpha3")
     answers = [None, None, found, found]  # not served twice, then served; then a 403 on list
@@ -217,9 +217,7 @@ def test_optional_resource_not_served_or_forbidden_is_logged_once_and_counts_as_
     with caplog.at_level(logging.WARNING, logger="otel_dra.kube.reflector"):
         thread = threading.Thread(target=reflector.run, daemon=True)
         thread.start()
-        deadline = time.monotonic() + 5
-        while len(states) < 5 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: len(states) >= 5, timeout=5, interval=0.01, what="five discoveries")
         reflector.stop()
     messages = [r.getMessage() for r in caplog.records]
     # Not served: emptied, in sync, logged once for two attempts.

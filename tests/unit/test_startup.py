@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import pytest
 from otel_dra import __version__
 from otel_dra.cli import main
 from otel_dra.telemetry.otlp import OtlpSignalConfig, plain_http_transport
+from tests.helpers import wait_until
 from tests.otlp_receiver import OtlpReceiver
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -164,9 +164,7 @@ def test_spans_reach_a_real_receiver_over_the_urllib3_transport(monkeypatch, tmp
         with pipeline.tracer_provider.get_tracer("t").start_as_current_span("the-span"):
             pass
         pipeline.shutdown()  # flushes the batch
-        deadline = time.monotonic() + 10
-        while not receiver.traces and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: receiver.traces, timeout=10, interval=0.05, what="the span at the receiver")
         names = [s.name for r in receiver.traces for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans]
         assert names == ["the-span"]
         resource = {a.key: a.value.string_value for a in receiver.traces[0].resource_spans[0].resource.attributes}
