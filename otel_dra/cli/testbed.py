@@ -55,7 +55,11 @@ def add_parser(subparsers: Any) -> None:
         "kube-controller-manager on loopback ports, with all state under one directory.",
     )
     commands = testbed.add_subparsers(dest="testbed_command", required=True)
+    for add in (_add_build, _add_up, _add_image, _add_releases, _add_down):
+        add(commands)
 
+
+def _add_build(commands: Any) -> None:
     p_build = commands.add_parser(
         "build",
         help="build etcd, Kubernetes and the other peers from Go modules (slow the first time)",
@@ -81,6 +85,8 @@ def add_parser(subparsers: Any) -> None:
     add_kubernetes_version_flag(p_build)
     p_build.set_defaults(func=cmd_build)
 
+
+def _add_up(commands: Any) -> None:
     p_up = commands.add_parser(
         "up",
         help="start a control plane and return once it is ready",
@@ -126,6 +132,8 @@ def add_parser(subparsers: Any) -> None:
     add_kubernetes_version_flag(p_up)
     p_up.set_defaults(func=cmd_up)
 
+
+def _add_image(commands: Any) -> None:
     p_image = commands.add_parser(
         "image",
         help="build the project's image from the Dockerfile with buildah, on a local Debian base, and "
@@ -143,6 +151,8 @@ def add_parser(subparsers: Any) -> None:
     p_image.add_argument("--force", action="store_true", help="build even when an archive of the same inputs exists")
     p_image.set_defaults(func=cmd_image)
 
+
+def _add_releases(commands: Any) -> None:
     p_releases = commands.add_parser(
         "releases",
         help="the Kubernetes releases the testbed builds, the default, and the CI matrix",
@@ -163,6 +173,8 @@ def add_parser(subparsers: Any) -> None:
     shown.add_argument("--minors", action="store_true", help="print every minor")
     p_releases.set_defaults(func=cmd_releases)
 
+
+def _add_down(commands: Any) -> None:
     p_down = commands.add_parser(
         "down",
         help="stop the control plane started in DIR (keeps logs, deletes etcd data)",
