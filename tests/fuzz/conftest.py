@@ -16,12 +16,27 @@ test next to the fix.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
+import pkgutil
 from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+import otel_dra
+
+# Hypothesis draws some values from the constants of every local module loaded (its "local constants"
+# pool, grown whenever sys.modules grows). So the examples depended on what else pytest had collected
+# (test_kubelet_sim.py loads the CLI, the testbed and the emulator: 448 strings in the pool without it,
+# 1,169 with it), and a module first imported during an example could change the pool between the
+# example and its replay: our reading of the "inconsistent data generation" flake, which we could not
+# reproduce (two runs with test_kubelet_sim.py collected passed). Loading every otel_dra module first
+# makes the pool the same whatever is collected, and fixed through the run.
+for _module in pkgutil.walk_packages(otel_dra.__path__, "otel_dra."):
+    if not _module.name.endswith(".__main__"):  # that one runs the CLI
+        importlib.import_module(_module.name)
 
 # Per kind of input (a watched resource, the plugin's RPCs): the examples of each profile, in
 # total over the properties of that kind in CI (see ``examples``), for each property in a deep run.
