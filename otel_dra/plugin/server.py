@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import logging
 import os
 import socket
@@ -225,12 +226,18 @@ class _RegistrationServicer:
         return reg_pb2.RegistrationStatusResponse()
 
 
+_POOLS = itertools.count(1)
+
+
 class _GrpcServer:
     """A grpc.Server and the thread pool it runs handlers on, stopped together: ``grpc.Server.stop``
     leaves the pool's threads waiting for work until the process exits."""
 
     def __init__(self, max_workers: int, thread_name_prefix: str) -> None:
-        self.pool = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
+        # A prefix of this pool's own (several servers may run in one process, tests' plugins say),
+        # by which stop() finds its workers without the pool's private thread set.
+        self._thread_prefix = f"{thread_name_prefix}-{next(_POOLS)}"
+        self.pool = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=self._thread_prefix)
         self.server = grpc.server(self.pool)
 
     def stop(self, grace: float) -> None:
@@ -239,8 +246,9 @@ class _GrpcServer:
         self.server.stop(grace).wait(grace + 1)
         self.pool.shutdown(wait=False, cancel_futures=True)
         # shutdown(wait=True) would wait without a bound for a handler that never returns.
-        for thread in list(self.pool._threads):
-            thread.join(max(0.0, deadline - time.monotonic()))
+        for thread in threading.enumerate():
+            if thread.name.startswith(self._thread_prefix + "_"):
+                thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class PluginServer:
