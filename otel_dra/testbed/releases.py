@@ -352,3 +352,26 @@ def release_table(root: Path | None = None) -> str:
         go = row.go.removeprefix("go") if row.go else MACHINE_GO
         lines.append(f"| {row.minor} | {built} | {row.etcd} | {go} | {gates} | {removed} |")
     return "\n".join(lines) + "\n"
+
+
+# What each peer is for, for the docs' table (docs/testbed.md, "Peer versions"), in `make peers` order.
+_PEERS_DOC = (
+    ("helm", HELM_VERSION, "the chart tests (`testbed build --helm`)"),
+    ("OpenTelemetry Collector Builder (ocb)", OCB_VERSION, "builds the Collector distribution"),
+    (
+        "OpenTelemetry Collector: core / stable modules / contrib",
+        f"{OTELCOL_CORE_VERSION} / {OTELCOL_STABLE_VERSION} / {OTELCOL_CONTRIB_VERSION}",
+        "the e2e tests and `collector-config/` (`--otelcol`)",
+    ),
+    ("Jaeger v2", JAEGER_VERSION, "the trace e2e tests (`--jaeger`)"),
+    ("containerd", CONTAINERD_VERSION, "the real node (`--node`)"),
+    ("prometheus-operator CRDs", PROMETHEUS_OPERATOR_VERSION, "the chart tests"),
+    ("dra-example-driver", UPSTREAM_DRIVER_VERSION, "bench.plugin's side-by-side peer only"),
+)
+
+
+def peer_table() -> str:
+    """The other peers' versions as the Markdown table of docs/testbed.md (checked there by a test)."""
+    lines = ["| peer | version | for |", "|---|---|---|"]
+    lines += [f"| {name} | {version} | {what} |" for name, version, what in _PEERS_DOC]
+    return "\n".join(lines) + "\n"

@@ -203,14 +203,15 @@ def test_process_families_documented():
     assert rows == PROCESS_FAMILIES
 
 
-def test_the_testbed_release_table_is_the_tables_own() -> None:
-    """docs/testbed.md's release table is generated from otel_dra/testbed/releases.py (the command is
-    in the comment above the table)."""
-    from otel_dra.testbed.releases import release_table
+def test_the_testbed_release_and_peer_tables_are_the_tables_own() -> None:
+    """docs/testbed.md's release and peer tables are generated from otel_dra/testbed/releases.py
+    (the command is in the comment above each table)."""
+    from otel_dra.testbed.releases import peer_table, release_table
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "testbed.md").read_text()
-    begin, end = text.index("-->\n", text.index("<!-- releases:begin")) + 4, text.index("<!-- releases:end -->")
-    assert text[begin:end] == release_table()
+    for marker, table in (("releases", release_table()), ("peers", peer_table())):
+        begin = text.index("-->\n", text.index(f"<!-- {marker}:begin")) + 4
+        assert text[begin : text.index(f"<!-- {marker}:end -->")] == table, marker
 
 
 # --- the flag tables of docs/exporter.md, docs/plugin.md and docs/testbed.md ------------------------
