@@ -763,6 +763,14 @@ def served_versions(module: str, env: Mapping[str, str] | None = None) -> list[s
     return result.stdout.split()[1:]
 
 
+def _is_version(text: str) -> bool:
+    try:
+        version_key(text)
+    except ValueError:
+        return False
+    return True
+
+
 def refresh_releases(progress: Progress = _to_stderr) -> tuple[KubernetesRelease, ...]:
     """Ask the module proxy for the newest release of each tracking row's minor and keep the answer
     (``<cache>/releases.json``). An unreachable proxy keeps what was resolved before (one line
@@ -778,6 +786,13 @@ def refresh_releases(progress: Progress = _to_stderr) -> tuple[KubernetesRelease
         progress(f"could not ask the module proxy for Kubernetes releases ({exc}); keeping {kept}")
         return releases()
     resolved = {**known, **{row.minor: newest_of_minor(row, served) for row in tracking}}
+    newer = sorted(
+        (v for v in served if _is_version(v) and version_key(minor_of(v)) > version_key(KUBERNETES_RELEASES[-1].minor)),
+        key=version_key,
+    )
+    if newer:
+        # The project supports up to the newest release served: a new minor is one row to add.
+        progress(f"Kubernetes {newer[-1]} is served and newer than every row of the release table (releases.py)")
     for row in tracking:
         if resolved[row.minor] != known.get(row.minor):
             progress(f"Kubernetes {row.minor}: the newest release served is {resolved[row.minor]}")

@@ -99,3 +99,31 @@ def test_the_cli_prints_the_matrix(cache: Path, capsys: pytest.CaptureFixture[st
     table = capsys.readouterr().out.splitlines()
     assert table[-1] == "1.38\tv1.38.0-beta.0\tetcd v3.7.3, Go 1.27.3\tnewest, pre-release"
     assert table[-2] == "1.37\tv1.37.2\tetcd v3.7.3\tdefault"
+
+
+def test_refresh_keeps_the_proxys_answer_and_names_a_minor_the_table_lacks(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    build = importlib.import_module("otel_dra.testbed.build")
+    served = ["v1.37.2", "v1.38.0-beta.0", "v1.38.0-rc.0", "v1.39.0-alpha.0"]
+    monkeypatch.setattr(build, "served_versions", lambda module: served)
+    lines: list[str] = []
+    table = build.refresh_releases(lines.append)
+    assert table[-1].version == "v1.38.0-rc.0" and r.kubernetes_release("1.38").version == "v1.38.0-rc.0"
+    assert lines == [
+        "Kubernetes v1.39.0-alpha.0 is served and newer than every row of the release table (releases.py)",
+        "Kubernetes 1.38: the newest release served is v1.38.0-rc.0",
+    ]
+
+    def unreachable(module: str) -> list[str]:
+        raise build.BuildError("go list -m -versions k8s.io/kubernetes failed: dial tcp: i/o timeout")
+
+    monkeypatch.setattr(build, "served_versions", unreachable)
+    lines.clear()
+    assert build.refresh_releases(lines.append)[-1].version == "v1.38.0-rc.0"  # the last answer kept
+    assert lines == [
+        "could not ask the module proxy for Kubernetes releases (go list -m -versions k8s.io/kubernetes failed: "
+        "dial tcp: i/o timeout); keeping 1.38 v1.38.0-rc.0"
+    ]
