@@ -263,12 +263,16 @@ spec:
 
 
 class SeatHog:
-    """Holds the throttled priority level's one seat: a list of ~7 MB read by nobody, through a
+    """Holds the throttled priority level's one seat: a list of ~11 MB read by nobody, through a
     socket with a 4 KiB receive buffer, keeps its handler blocked in a write until ``release()``."""
 
     def __init__(self, ft: FaultTestbed, token: str) -> None:
-        raw = socket.create_connection(("127.0.0.1", ft.testbed.ports["apiserver"]))
+        # The small receive buffer before connecting: the TCP window is agreed in the handshake, and
+        # set afterwards the kernel could take most of the list in, freeing the seat (the probe then
+        # never saw a 429).
+        raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        raw.connect(("127.0.0.1", ft.testbed.ports["apiserver"]))
         context = ft.testbed.api_ssl_context()
         context.set_alpn_protocols(["http/1.1"])
         self._sock = context.wrap_socket(raw, server_hostname="127.0.0.1")
@@ -304,7 +308,8 @@ def test_throttled_exporter_waits_as_long_as_retry_after_says(world, exporters):
     kubeconfig = ft.exporter_kubeconfig("throttled")
     ft.testbed.kubectl("apply", "-f", "-", input=THROTTLE)
     blob = "x" * 900_000
-    for i in range(8):
+    # ~11 MB: more than the API server's socket can buffer, so its handler stays in a write.
+    for i in range(12):
         with contextlib.suppress(ApiError):
             ft.admin.send_json(
                 "POST",
