@@ -287,15 +287,22 @@ class SeatHog:
 
 
 def _probe(ft: FaultTestbed, token: str) -> tuple[int, str | None]:
+    status, retry_after, _level = _probe_level(ft, token)
+    return status, retry_after
+
+
+def _probe_level(ft: FaultTestbed, token: str) -> tuple[int, str | None, str | None]:
+    """Status, Retry-After, and the UID of the priority level that handled the request (the API
+    server's priority and fairness names it in every answer)."""
     request = urllib.request.Request(
         ft.testbed.server + f"/api/v1/namespaces/{NAMESPACE}/configmaps?limit=1",
         headers={"Authorization": f"Bearer {token}"},
     )
     try:
         with urllib.request.urlopen(request, context=ft.testbed.api_ssl_context(), timeout=10) as response:
-            return response.status, None
+            return response.status, None, response.headers.get("X-Kubernetes-PF-PriorityLevel-UID")
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.headers.get("Retry-After")
+        return exc.code, exc.headers.get("Retry-After"), exc.headers.get("X-Kubernetes-PF-PriorityLevel-UID")
 
 
 def test_throttled_exporter_waits_as_long_as_retry_after_says(world, exporters):
@@ -317,7 +324,12 @@ def test_throttled_exporter_waits_as_long_as_retry_after_says(world, exporters):
                 {"metadata": {"name": f"big-{i}"}, "data": {"d": blob}},
             )
     hog_token, probe_token = ft.testbed.mint_token(NAMESPACE, "hog"), ft.testbed.mint_token(NAMESPACE, "probe")
-    wait_until(lambda: _probe(ft, probe_token)[0] == 200, what="the flow schema in force")
+    # In force only once the probe's requests land in the throttled level: a 200 alone is also what
+    # the default level answers, and a hog started before that would hold a seat of another level.
+    level = ft.admin.get_json("/apis/flowcontrol.apiserver.k8s.io/v1/prioritylevelconfigurations/faults-throttled")
+    wait_until(
+        lambda: _probe_level(ft, probe_token)[::2] == (200, level["metadata"]["uid"]), what="the flow schema in force"
+    )
     hog = SeatHog(ft, hog_token)
     try:
         _status, retry_after = wait_until(
