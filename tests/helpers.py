@@ -253,6 +253,11 @@ def place(client: Any, namespace: str, name: str, node: str, device_class: str, 
 
     create(client, device_claim(name, namespace, device_class, selector))
     create(client, claim_pod(name, namespace, name, node=node))
+    return scheduler_placed(client, namespace, name)
+
+
+def scheduler_placed(client: Any, namespace: str, name: str) -> bool:
+    """Wait for the real scheduler's decision on pod ``name``: whether it placed it."""
     placed = wait_until(
         lambda: (lambda r: None if r is None else ("yes" if r else "no"))(pod_scheduled(client, namespace, name)),
         timeout=60,

@@ -19,8 +19,8 @@ from tests.helpers import (
     node_slice,
     parse_samples,
     place,
-    pod_scheduled,
     ready_node,
+    scheduler_placed,
     scrape,
     shaped_for_testbed,
     wait_until,
@@ -174,12 +174,7 @@ def _share_claim(name: str, device: str, request_key: str | None) -> dict[str, A
 def _share(client: KubeClient, name: str, device: str, request_key: str | None) -> bool:
     create(client, _share_claim(name, device, request_key))
     create(client, claim_pod(name, CAP_NS, name, node=CAP_NODE))
-    decided = wait_until(
-        lambda: (lambda r: None if r is None else ("yes" if r else "no"))(pod_scheduled(client, CAP_NS, name)),
-        timeout=60,
-        what=f"the scheduler to decide on pod {name}",
-    )
-    return bool(decided == "yes")
+    return scheduler_placed(client, CAP_NS, name)
 
 
 def _consumed_by_device(client: KubeClient) -> dict[str, float]:
