@@ -10,7 +10,11 @@ back to defaults on a misspelt sampler, which would leave a user wondering why n
   a no-op provider is returned, so instrumented code costs next to nothing.
 - ``OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL``: ``grpc`` or ``http/protobuf`` (default); endpoint,
   headers, TLS, compression and timeout are read by the exporter classes.
-- ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG``: the specification's six built-in samplers.
+- ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG``: the specification's six built-in samplers;
+  the default is ``traceidratio`` (ratio 1.0 unless ``OTEL_TRACES_SAMPLER_ARG`` says), deciding by the
+  trace id alone, so that every process that adds to one trace (a claim's, whose trace id is its UID)
+  samples it whole or not at all. Both ratio samplers read the trace id's low 56 bits, not the SDK's
+  64 (see :mod:`otel_dra.telemetry.traceids`: a UUID's low 64 bits are not random).
 - ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES``: the resource, as for metrics.
 - ``OTEL_BSP_*``: batching, read by the SDK's BatchSpanProcessor.
 """
@@ -30,9 +34,7 @@ from opentelemetry.sdk.trace.sampling import (
     ALWAYS_ON,
     DEFAULT_OFF,
     DEFAULT_ON,
-    ParentBasedTraceIdRatio,
     Sampler,
-    TraceIdRatioBased,
 )
 
 from otel_dra.records import record
@@ -40,6 +42,7 @@ from otel_dra.telemetry.otlp import ConfigError, OtlpSignalConfig, otlp_config, 
 from otel_dra.telemetry.provider import make_resource
 from otel_dra.telemetry.sdk_private import otlp_http_exporter
 from otel_dra.telemetry.spans import tracer_provider
+from otel_dra.telemetry.traceids import ParentBasedTraceIdRatio, TraceIdRatio
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +55,14 @@ SAMPLERS = (
     "parentbased_always_off",
     "parentbased_traceidratio",
 )
+# By the trace id alone: see the module notes.
+DEFAULT_SAMPLER = "traceidratio"
 
 
 def sampler_from_env(env: Mapping[str, str] | None = None) -> Sampler:
-    """``OTEL_TRACES_SAMPLER`` (default ``parentbased_always_on``) and its ratio argument."""
+    """``OTEL_TRACES_SAMPLER`` (default ``traceidratio``) and its ratio argument (default 1.0)."""
     env = os.environ if env is None else env
-    name = (env.get("OTEL_TRACES_SAMPLER") or "parentbased_always_on").strip().lower()
+    name = (env.get("OTEL_TRACES_SAMPLER") or DEFAULT_SAMPLER).strip().lower()
     if name not in SAMPLERS:
         raise ConfigError(f"OTEL_TRACES_SAMPLER={name!r} is not supported; use one of {', '.join(SAMPLERS)}")
     if name.endswith("traceidratio"):
@@ -68,7 +73,7 @@ def sampler_from_env(env: Mapping[str, str] | None = None) -> Sampler:
             raise ConfigError(f"OTEL_TRACES_SAMPLER_ARG={raw!r} is not a number") from None
         if not 0.0 <= ratio <= 1.0:
             raise ConfigError(f"OTEL_TRACES_SAMPLER_ARG={raw!r} must be between 0 and 1")
-        return TraceIdRatioBased(ratio) if name == "traceidratio" else ParentBasedTraceIdRatio(ratio)
+        return TraceIdRatio(ratio) if name == "traceidratio" else ParentBasedTraceIdRatio(ratio)
     return {
         "always_on": ALWAYS_ON,
         "always_off": ALWAYS_OFF,

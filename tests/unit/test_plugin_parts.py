@@ -697,10 +697,13 @@ def test_metrics_exposition_matches_upstream_names():
 
 
 def test_sampler_from_env():
-    assert sampler_from_env({}).get_description().startswith("ParentBased{root:AlwaysOnSampler")
+    assert sampler_from_env({}).get_description() == "TraceIdRatio56{1.0}"
+    assert sampler_from_env({"OTEL_TRACES_SAMPLER_ARG": "0.5"}).get_description() == "TraceIdRatio56{0.5}"
+    parent = sampler_from_env({"OTEL_TRACES_SAMPLER": "parentbased_always_on"})
+    assert parent.get_description().startswith("ParentBased{root:AlwaysOnSampler")
     assert sampler_from_env({"OTEL_TRACES_SAMPLER": "always_off"}).get_description() == "AlwaysOffSampler"
     ratio = sampler_from_env({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25"})
-    assert ratio.get_description() == "TraceIdRatioBased{0.25}"
+    assert ratio.get_description() == "TraceIdRatio56{0.25}"
     with pytest.raises(ConfigError, match="OTEL_TRACES_SAMPLER='sometimes'"):
         sampler_from_env({"OTEL_TRACES_SAMPLER": "sometimes"})
     with pytest.raises(ConfigError, match="OTEL_TRACES_SAMPLER_ARG"):
