@@ -85,6 +85,13 @@ class Claim:
     # status.reservedFor of every kind: (consumer kind, name), see consumer_kind. Pods and, since
     # Kubernetes 1.38 (gang scheduling), PodGroups; in the claim's namespace, as the API has it.
     consumers: tuple[tuple[str, str], ...] = ()
+    # For the claim's trace (otel_dra/cluster/lifecycle.py), kept only while tracing or its latency
+    # histograms are on: the UID (the trace id), kube-scheduler's newest status write (the
+    # allocation's time where allocationTimestamp is not set: it is only with the binding-condition
+    # gates) and metadata.deletionTimestamp.
+    uid: str = ""
+    scheduler_write: float | None = None
+    deleting: float | None = None
 
     @property
     def key(self) -> str:
@@ -119,11 +126,16 @@ def _str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _status_time(meta: dict[str, Any]) -> float | None:
+def _status_time(meta: dict[str, Any], manager: str | None = None) -> float | None:
+    """The newest status write's time (of ``manager`` only, when given)."""
     newest: float | None = None
     fields = meta.get("managedFields") or []
     for entry in fields if isinstance(fields, list) else []:
-        if isinstance(entry, dict) and entry.get("subresource") == "status":
+        if (
+            isinstance(entry, dict)
+            and entry.get("subresource") == "status"
+            and (manager is None or entry.get("manager") == manager)
+        ):
             try:
                 t = parse_time(entry.get("time"))
             except ValueError:
@@ -278,6 +290,22 @@ def _binding(
 
 # The fields of Claim that only some families read (Family.fields); a parser made for a set of
 # them leaves the others at their defaults (memory: a family that is off keeps nothing).
+# The field manager kube-scheduler writes a claim's allocation and reservations as.
+SCHEDULER = "kube-scheduler"
+# What the claim's trace reads beyond the families' fields (otel_dra/cluster/lifecycle.py).
+LIFECYCLE_FIELDS = frozenset(
+    {
+        "uid",
+        "created",
+        "allocation_time",
+        "scheduler_write",
+        "deleting",
+        "results",
+        "request_classes",
+        "binding",
+        "consumers",
+    }
+)
 FIELDS = frozenset(
     {
         "allocated",
@@ -297,7 +325,7 @@ FIELDS = frozenset(
 
 def make_parser(keep: Collection[str] = FIELDS) -> Callable[[dict[str, Any], Callable[[str], None]], Claim]:
     """A parser that fills only the optional fields in ``keep`` (names of other types ignored)."""
-    wanted = FIELDS.intersection(keep)
+    wanted = (FIELDS | LIFECYCLE_FIELDS).intersection(keep)
 
     def parse(obj: dict[str, Any], report: Callable[[str], None]) -> Claim:
         return _parse(obj, report, wanted)
@@ -381,6 +409,11 @@ def _parse(obj: dict[str, Any], report: Callable[[str], None], keep: frozenset[s
         source=_source(meta) if "source" in keep else "",
         binding=_binding(results, status, allocated_at) if "binding" in keep else (),
         consumers=tuple(consumers),
+        uid=str(meta.get("uid") or "") if "uid" in keep else "",
+        scheduler_write=_status_time(meta, SCHEDULER) if "scheduler_write" in keep and has_allocation else None,
+        deleting=optional_time(meta.get("deletionTimestamp"), "metadata.deletionTimestamp", report)
+        if "deleting" in keep
+        else None,
     )
 
 

@@ -532,12 +532,16 @@ class ObjectStore(SeriesStore[T]):
         segment_size: int = SEGMENT,
         otlp: bool = False,
         listener: Listener[T] | None = None,
+        listen_to_others: bool = True,
     ) -> None:
+        """``listen_to_others`` False: the listener hears of this replica's own objects only (the
+        others are then not parsed at all)."""
         super().__init__(resource, families, segment_size=segment_size, otlp=otlp)
         self._parse = parse
         self._on_problem = on_problem
         self._keep = keep
         self._listener = listener
+        self._others_wanted = listener is not None and listen_to_others
         # Objects of other shards, for the listener: key -> (resourceVersion, slim object).
         self._others: dict[str, tuple[str, T | None]] = {}
 
@@ -575,7 +579,7 @@ class ObjectStore(SeriesStore[T]):
 
     def upsert(self, obj: dict[str, Any]) -> None:
         owned = self._keep(obj)
-        if not owned and self._listener is None:
+        if not owned and not self._others_wanted:
             return
         key = object_key(obj)
         rv = str(metadata(obj).get("resourceVersion", ""))
@@ -647,6 +651,7 @@ class ObjectStore(SeriesStore[T]):
         memory peak than holding every object's bytes until the end); the segments are returned.
         Returns None when the list is to be segmented by :meth:`_swap`."""
         listening = self._listener is not None
+        others_wanted = self._others_wanted
         entries = self._entries  # only this thread writes; reading without the lock is safe
         streaming = not entries
         segments: list[_Segment] = []
@@ -654,7 +659,7 @@ class ObjectStore(SeriesStore[T]):
         last: str | None = None
         for obj in objects:
             owned = self._keep(obj)
-            if not owned and not listening:
+            if not owned and not others_wanted:
                 continue
             key = object_key(obj)
             rv = str(metadata(obj).get("resourceVersion", ""))

@@ -26,6 +26,7 @@ import os
 from collections.abc import Mapping
 
 from opentelemetry import trace
+from opentelemetry.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
@@ -42,6 +43,7 @@ from otel_dra.telemetry.otlp import ConfigError, OtlpSignalConfig, otlp_config, 
 from otel_dra.telemetry.provider import make_resource
 from otel_dra.telemetry.sdk_private import otlp_http_exporter
 from otel_dra.telemetry.spans import tracer_provider
+from otel_dra.telemetry.spansink import SpanSink
 from otel_dra.telemetry.traceids import ParentBasedTraceIdRatio, TraceIdRatio
 
 log = logging.getLogger(__name__)
@@ -93,6 +95,23 @@ def otlp_span_exporter(config: OtlpSignalConfig) -> SpanExporter:
     return otlp_http_exporter(Http, plain_http_transport(config))
 
 
+def _configured(
+    env: Mapping[str, str], exporter: SpanExporter | None
+) -> tuple[Sampler, SpanExporter | None, OtlpSignalConfig | None, str]:
+    """The sampler, the span exporter (None: tracing off), its OTLP settings and its name."""
+    sampler = sampler_from_env(env)  # validated even when tracing is off: a typo should not hide
+    name = (env.get("OTEL_TRACES_EXPORTER") or "otlp").strip().lower()
+    if name not in EXPORTERS:
+        raise ConfigError(f"OTEL_TRACES_EXPORTER={name!r} is not supported; use one of {', '.join(EXPORTERS)}")
+    config = otlp_config("traces", env) if name == "otlp" else None
+    if exporter is None:
+        if name == "console":
+            exporter = ConsoleSpanExporter()
+        elif config is not None:
+            exporter = otlp_span_exporter(config)
+    return sampler, exporter, config, name
+
+
 @record
 class TracingPipeline:
     """The provider to hand to instrumented code; ``enabled`` is False for the no-op provider."""
@@ -125,19 +144,45 @@ def build_tracing_pipeline(
     """A TracerProvider from the environment; ``exporter`` replaces the configured one (tests)."""
     env = os.environ if env is None else env
     resource = make_resource(service_name, version)
-    sampler = sampler_from_env(env)  # validated even when tracing is off: a typo should not hide
-    name = (env.get("OTEL_TRACES_EXPORTER") or "otlp").strip().lower()
-    if name not in EXPORTERS:
-        raise ConfigError(f"OTEL_TRACES_EXPORTER={name!r} is not supported; use one of {', '.join(EXPORTERS)}")
-    config = otlp_config("traces", env) if name == "otlp" else None
-    if exporter is None:
-        if name == "console":
-            exporter = ConsoleSpanExporter()
-        elif config is not None:
-            exporter = otlp_span_exporter(config)
+    sampler, exporter, config, name = _configured(env, exporter)
     if exporter is None:
         return TracingPipeline(trace.NoOpTracerProvider(), resource)
     # With the id generator a SpanRecorder presets (public constructor argument; see spans.py).
     provider = tracer_provider(sampler=sampler, resource=resource, shutdown_on_exit=False)
     provider.add_span_processor(BatchSpanProcessor(exporter))
     return TracingPipeline(provider, resource, config, name)
+
+
+@record
+class SpanSinkPipeline:
+    """A :class:`~otel_dra.telemetry.spansink.SpanSink` from the environment (None: tracing off)
+    and the sampler its producer decides with."""
+
+    sink: SpanSink | None
+    sampler: Sampler
+    resource: Resource
+    otlp: OtlpSignalConfig | None = None
+
+    def shutdown(self) -> None:
+        if self.sink is not None:
+            self.sink.shutdown()
+
+
+def build_span_sink(
+    *,
+    service_name: str,
+    scope: str,
+    version: str,
+    meter_provider: MeterProvider | None = None,
+    env: Mapping[str, str] | None = None,
+    exporter: SpanExporter | None = None,
+) -> SpanSinkPipeline:
+    """The same ``OTEL_*`` variables as :func:`build_tracing_pipeline`, for a producer whose spans
+    are finished when handed over (see spansink.py); ``exporter`` replaces the configured one."""
+    env = os.environ if env is None else env
+    resource = make_resource(service_name, version)
+    sampler, exporter, config, _name = _configured(env, exporter)
+    if exporter is None:
+        return SpanSinkPipeline(None, sampler, resource)
+    sink = SpanSink(exporter, resource, scope, version, meter_provider=meter_provider).start()
+    return SpanSinkPipeline(sink, sampler, resource, config)

@@ -1,0 +1,199 @@
+"""A claim's life as one trace (otel_dra/cluster/lifecycle.py), fed through a real ObjectStore."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from otel_dra.cluster import resourceclaim
+from otel_dra.cluster.lifecycle import ClaimLifecycle
+from otel_dra.cluster.store import ObjectStore
+from otel_dra.telemetry import traceids
+from otel_dra.telemetry.spansink import SpanSink
+from otel_dra.telemetry.traceids import TraceIdRatio
+
+T0 = 1_767_000_000.0
+
+
+def _iso(t: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def claim(
+    uid: str, rv: int, *, allocated: float | None = None, consumers: tuple[str, ...] = (), binding: str | None = None
+) -> dict[str, Any]:
+    status: dict[str, Any] = {}
+    if allocated is not None:
+        result = {"request": "gpu", "driver": "gpu.example.com", "pool": "n1", "device": "gpu-0"}
+        if binding is not None:
+            result["bindingConditions"] = ["attached"]
+            result["bindingFailureConditions"] = ["failed"]
+        status["allocation"] = {"devices": {"results": [result]}, "allocationTimestamp": _iso(allocated)}
+        if binding is not None:
+            conditions = [
+                {
+                    "type": "attached",
+                    "status": "True" if binding == "satisfied" else "False",
+                    "lastTransitionTime": _iso(allocated + 7),
+                }
+            ]
+            if binding == "failed":
+                conditions.append({"type": "failed", "status": "True", "lastTransitionTime": _iso(allocated + 9)})
+            status["devices"] = [
+                {"driver": "gpu.example.com", "pool": "n1", "device": "gpu-0", "conditions": conditions}
+            ]
+    if consumers:
+        status["reservedFor"] = [{"resource": "pods", "name": name, "uid": f"uid-{name}"} for name in consumers]
+    return {
+        "metadata": {
+            "namespace": "ns",
+            "name": "c",
+            "uid": uid,
+            "resourceVersion": str(rv),
+            "creationTimestamp": _iso(T0),
+        },
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}},
+        "status": status,
+    }
+
+
+def world(
+    ratio: float = 1.0,
+) -> tuple[ObjectStore[Any], InMemorySpanExporter, InMemoryMetricReader, SpanSink, list[float]]:
+    exporter = InMemorySpanExporter()
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    sink = SpanSink(exporter, Resource.create({}), "test", "1")
+    now = [T0 + 100]
+    lifecycle = ClaimLifecycle(provider, sink, TraceIdRatio(ratio), clock=lambda: now[0])
+    parse = resourceclaim.make_parser(resourceclaim.FIELDS | resourceclaim.LIFECYCLE_FIELDS)
+    store: ObjectStore[Any] = ObjectStore("resourceclaims", parse, (), listener=lifecycle.claims_changed)
+    return store, exporter, reader, sink, now
+
+
+def spans(exporter: InMemorySpanExporter, sink: SpanSink) -> dict[str, Any]:
+    sink.flush()
+    return {s.name: s for s in exporter.get_finished_spans()}
+
+
+def histogram_points(reader: InMemoryMetricReader, name: str) -> list[Any]:
+    data = reader.get_metrics_data()
+    return [
+        p
+        for rm in (data.resource_metrics if data else [])
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == name
+        for p in m.data.data_points
+    ]
+
+
+def test_one_trace_from_creation_to_deletion() -> None:
+    uid = str(uuid.uuid4())
+    trace_id = uuid.UUID(uid).int
+    root = traceids.root_span_id(trace_id)
+    store, exporter, reader, sink, now = world()
+    store.upsert(claim(uid, 1))
+    store.upsert(claim(uid, 2, allocated=T0 + 3))
+    store.upsert(claim(uid, 3, allocated=T0 + 3, consumers=("p1",)))
+    now[0] = T0 + 200
+    store.upsert(claim(uid, 4, allocated=T0 + 3))
+    store.delete(claim(uid, 5, allocated=T0 + 3))
+    got = spans(exporter, sink)
+    assert set(got) == {
+        "ResourceClaim ns/c",
+        "allocation",
+        "reserved for pod/p1",
+        "consumer pod/p1",
+        "deleted",
+        "lifetime",
+    }
+    assert all(s.context.trace_id == trace_id for s in got.values())
+    assert got["ResourceClaim ns/c"].context.span_id == root and got["ResourceClaim ns/c"].parent is None
+    assert all(s.parent.span_id == root for n, s in got.items() if n != "ResourceClaim ns/c")
+    allocation = got["allocation"]
+    assert (allocation.start_time, allocation.end_time) == (int(T0 * 1e9), int((T0 + 3) * 1e9))
+    assert allocation.attributes["otel_dra.span.time_source"] == "object"
+    assert allocation.attributes["dra.device_class"] == "gpu.example.com"
+    consumer = got["consumer pod/p1"]
+    assert (consumer.start_time, consumer.end_time) == (int((T0 + 100) * 1e9), int((T0 + 200) * 1e9))
+    assert consumer.attributes["otel_dra.span.time_source"] == "observed"
+    # The allocation wait, with the allocation span as its exemplar.
+    [point] = histogram_points(reader, "otel_dra.claim.allocation.duration")
+    assert point.count == 1 and point.sum == 3.0
+    assert dict(point.attributes) == {"driver": "gpu.example.com", "device_class": "gpu.example.com"}
+    [exemplar] = point.exemplars
+    assert (exemplar.trace_id, exemplar.span_id) == (trace_id, allocation.context.span_id)
+
+
+def test_binding_conditions_satisfied_and_failed() -> None:
+    for outcome, wait in (("satisfied", 7.0), ("failed", 9.0)):
+        uid = str(uuid.uuid4())
+        store, exporter, reader, sink, _ = world()
+        store.upsert(claim(uid, 1))
+        store.upsert(claim(uid, 2, allocated=T0 + 3, binding="waiting"))
+        assert "binding conditions" not in spans(exporter, sink)
+        store.upsert(claim(uid, 3, allocated=T0 + 3, binding=outcome))
+        span = spans(exporter, sink)["binding conditions"]
+        assert span.attributes["otel_dra.binding.outcome"] == outcome
+        assert (span.end_time - span.start_time) / 1e9 == wait
+        assert span.status.is_ok is (outcome == "satisfied")
+        [point] = histogram_points(reader, "otel_dra.claim.binding.duration")
+        assert point.sum == wait and point.attributes["outcome"] == outcome
+
+
+def test_first_list_gives_the_phases_objects_show_and_measures_nothing() -> None:
+    uid = str(uuid.uuid4())
+    store, exporter, reader, sink, _ = world()
+    store.replace([claim(uid, 1, allocated=T0 + 3, consumers=("p1",))])
+    lifecycle_listed_late = spans(exporter, sink)
+    # The store's listener is called for the list as for a watch; only ClusterState tells the
+    # lifecycle whether the first list is done, so here every change counts as live.
+    assert {"ResourceClaim ns/c", "allocation", "reserved for pod/p1"} <= set(lifecycle_listed_late)
+    store2, exporter2, reader2, sink2, _ = world()
+    lifecycle = store2._listener.__self__  # type: ignore[union-attr]
+    lifecycle.claims_listed = lambda: False
+    store2.replace([claim(uid, 1, allocated=T0 + 3)])
+    assert "allocation" in spans(exporter2, sink2)
+    assert histogram_points(reader2, "otel_dra.claim.allocation.duration") == []
+
+
+def test_sampled_out_claim_leaves_no_span_and_no_exemplar() -> None:
+    sampler = TraceIdRatio(0.5)
+    uid = next(str(u) for u in (uuid.uuid4() for _ in range(200)) if not sampler.sampled(u.int))
+    store, exporter, reader, sink, _ = world(0.5)
+    store.upsert(claim(uid, 1))
+    store.upsert(claim(uid, 2, allocated=T0 + 3))
+    assert spans(exporter, sink) == {}
+    [point] = histogram_points(reader, "otel_dra.claim.allocation.duration")
+    assert point.count == 1 and not point.exemplars
+
+
+def test_malformed_claim_has_no_trace_and_breaks_nothing() -> None:
+    store, exporter, _reader, sink, _ = world()
+    bad = claim("not-a-uuid", 1)
+    store.upsert(bad)
+    good = str(uuid.uuid4())
+    other = claim(good, 1)
+    other["metadata"]["name"] = "d"
+    store.upsert(other)
+    assert set(spans(exporter, sink)) == {"ResourceClaim ns/d"}
+
+
+def test_full_queue_drops_and_counts() -> None:
+    exporter = InMemorySpanExporter()
+    sink = SpanSink(exporter, Resource.create({}), "t", "1", max_queue=2)
+    from otel_dra.telemetry.spansink import SpanData
+
+    for i in range(5):
+        sink.emit(SpanData("s", 1, i + 1, 0, 0, 1, {}))
+    assert sink.dropped == 3
+    sink.flush()
+    assert len(exporter.get_finished_spans()) == 2 and sink.exported == 2
