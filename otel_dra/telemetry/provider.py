@@ -1,5 +1,9 @@
 """MeterProvider construction: one Prometheus pull reader, an optional OTLP push reader.
 
+Histogram exemplars (trace and span id of the sampled span a measurement was recorded in) go out
+over OTLP and, in an OpenMetrics scrape, on the Prometheus reader's ``_bucket`` lines
+(``sdk_private.prometheus_exemplars``: the SDK's reader drops them).
+
 The Prometheus registry also serves the standard ``process_*`` families (CPU seconds, resident and
 virtual memory, open and maximum file descriptors, start time) that every Prometheus client library
 exports: prometheus_client's own ProcessCollector, so names, HELP and TYPE are client_python's (the
@@ -36,7 +40,7 @@ from otel_dra.telemetry.otlp import (
     otlp_config,
     plain_http_transport,
 )
-from otel_dra.telemetry.sdk_private import otlp_http_exporter, sync_gauge_class
+from otel_dra.telemetry.sdk_private import otlp_http_exporter, prometheus_exemplars, sync_gauge_class
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +124,9 @@ def build_metrics_pipeline(
         registry=registry,
         cardinality_limits=NO_CARDINALITY_CAP,
     )
+    # Histogram exemplars on the `_bucket` lines of an OpenMetrics scrape (the SDK's reader drops
+    # them; a private name of its collector: sdk_private). Text 0.0.4 never carries exemplars.
+    prometheus_exemplars(prom)
     if process_metrics:
         ProcessCollector(registry=registry)  # after the reader: the SDK's families come first
     readers: list[MetricReader] = [prom]
