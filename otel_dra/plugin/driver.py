@@ -10,9 +10,28 @@ prepare with the reason. Both are idempotent; failures are reported per claim (t
 those claims), never as a failed RPC. This module is the orchestration: locks, the API reads, the
 files, spans and metrics.
 
-Every claim is one span (a child of the RPC's span, see :mod:`otel_dra.plugin.server`) with
-children for reading the claim, writing the CDI spec and writing the checkpoint. Attribute names:
-docs/metrics.md#plugin-traces.
+Every claim is one span with children for reading the claim, writing the CDI spec and writing the
+checkpoint. Attribute names: docs/metrics.md#plugin-traces.
+
+One trace per ResourceClaim: the claim's trace id is its UID (:mod:`otel_dra.telemetry.traceids`),
+and the cluster exporter, another process, emits the claim's root span (span id
+``root_span_id(trace id)``) and its lifecycle phases into that trace. Nothing passes between the
+two: the claim span here is a root of the recorder whose parent is that derived root, so it joins
+the claim's trace as the root's child, sampled as the root is (its flag is what this process's
+sampler says of the root; with the default ``traceidratio`` every process decides the same from
+the trace id). The RPC's span (:mod:`otel_dra.plugin.server`) stays in its own trace, the
+caller's when a ``traceparent`` came (our kubelet simulator sends one, the real kubelet none), a
+new one otherwise; the RPC span links to each claim's span (link attribute
+``k8s.resourceclaim.uid``) and each claim span links back to the RPC's. The choice is the same
+with or without a ``traceparent``: a call may carry several claims, and a claim is prepared in
+several calls (retries, after a restart), so no call's trace could hold a claim's whole life.
+A claim's trace in Jaeger: its UID without the dashes is the trace id ("Lookup by Trace ID").
+A UID that is not a UUID (only from a caller other than the kubelet: the API server's UIDs are
+UUIDs) has no derived trace, and its claim span stays a child of the RPC's span as before.
+
+The first (not cached) successful prepare of a claim records the seconds since its allocation in
+``otel_dra.plugin.claim.allocation_to_prepared``, with an exemplar of the claim span (when it is
+sampled): see :func:`allocation_time`.
 """
 
 from __future__ import annotations
@@ -23,6 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any, Literal, overload
 from urllib.parse import quote, urlsplit
 
@@ -39,6 +59,7 @@ from otel_dra.plugin.state import ClaimError, DeviceState, Edit, allocated_as, c
 from otel_dra.plugin.state import ClaimRef as ClaimRef  # the RPC servers (server.py) take it from here
 from otel_dra.records import record
 from otel_dra.telemetry.spans import SpanHandle, SpanRecorder
+from otel_dra.telemetry.traceids import parent_context, trace_id_of
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +91,8 @@ RESULT = "dra.result"
 CACHED = "dra.claim.cached"
 CDI_SPEC = "dra.cdi.spec_file"
 CDI_DEVICE_IDS = "dra.cdi.device_ids"
+# On the RPC span's link to a claim's span (in the claim's own trace): which claim it is.
+LINK_CLAIM_UID = "k8s.resourceclaim.uid"
 
 CLAIM_URL_TEMPLATE = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
 
@@ -125,7 +148,10 @@ class Driver:
         tracer_provider: trace.TracerProvider,
         api_timeout: tuple[float, float] = (5.0, 15.0),
         clock: Callable[[], float] = time.perf_counter,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        """``clock`` times the driver's work; ``wall_clock`` (Unix seconds) is compared with the
+        claim's allocation time."""
         self.client = client
         self.driver_name = driver_name
         self.node_name = node_name
@@ -141,6 +167,7 @@ class Driver:
         self.spans = SpanRecorder(tracer_provider, TRACER_SCOPE, __version__)
         self._api_timeout = api_timeout
         self._clock = clock
+        self._wall_clock = wall_clock
         self._stripes = [threading.Lock() for _ in range(_LOCK_STRIPES)]
         api = urlsplit(client.host)
         self._api_address = api.hostname or ""
@@ -154,7 +181,8 @@ class Driver:
 
     # --- the two operations --------------------------------------------------------------------
     def prepare(self, claims: Sequence[ClaimRef], parent: SpanHandle | None = None) -> dict[str, ClaimResult]:
-        """``parent``: the RPC's span, whose children the claims' spans are (else each is a root)."""
+        """``parent``: the RPC's span, which the claims' spans link to (see the module notes; a claim
+        without a derived trace is its child)."""
         return {
             ref.uid: self._one("prepare", ref, self._prepare_claim, self.metrics.prepared, parent) for ref in claims
         }
@@ -182,12 +210,7 @@ class Driver:
             POOL: self.pool_name,
         }
         # Exceptions are recorded here, by hand, so that the claim span gets the error type too.
-        name = f"{operation} claim"
-        span = (
-            self.spans.start(name, attributes=attributes, record_exceptions=False)
-            if parent is None
-            else parent.child(name, attributes=attributes, record_exceptions=False)
-        )
+        span = self._claim_span(f"{operation} claim", ref, attributes, parent)
         with span:
             try:
                 devices = work(ref, span, watch)
@@ -218,6 +241,26 @@ class Driver:
                 log.debug("%s claim %s: %s", operation, ref, ", ".join(d.device_name for d in devices) or "-")
         record(result.ok, watch.elapsed())
         return result
+
+    def _claim_span(self, name: str, ref: ClaimRef, attributes: dict[str, Any], rpc: SpanHandle | None) -> SpanHandle:
+        """The claim's span: in the claim's own trace, linked both ways with the RPC's (see the
+        module notes)."""
+        trace_id = trace_id_of(ref.uid) if self.spans.enabled else None
+        if trace_id is None:
+            # No UUID, no trace of its own to join (or tracing off): a step of the RPC, as before.
+            if rpc is None:
+                return self.spans.start(name, attributes=attributes, record_exceptions=False)
+            return rpc.child(name, attributes=attributes, record_exceptions=False)
+        span = self.spans.start(
+            name,
+            attributes=attributes,
+            context=self.spans.derived_parent(trace_id, name),
+            links=[(rpc.span_context(), None)] if rpc is not None else (),
+            record_exceptions=False,
+        )
+        if rpc is not None:
+            rpc.add_link(span.span_context(), {LINK_CLAIM_UID: ref.uid})
+        return span
 
     # --- prepare -------------------------------------------------------------------------------
     def _prepare_claim(self, ref: ClaimRef, span: SpanHandle, watch: _Stopwatch) -> tuple[PreparedDevice, ...]:
@@ -254,7 +297,20 @@ class Driver:
                     self.checkpoint.put(ref.uid, PreparedClaim(ref.namespace, ref.name, prepared.devices))
                 except OSError as exc:
                     raise ClaimError("CheckpointWriteFailed", f"cannot write the checkpoint: {exc}") from exc
+            self._allocation_to_prepared(claim, span)
             return prepared.devices
+
+    def _allocation_to_prepared(self, claim: Mapping[str, Any], span: SpanHandle) -> None:
+        """Prepared, for the first time here: the seconds since the claim's allocation, once per
+        device class of this driver's results, with the claim span as the exemplar's."""
+        allocated = allocation_time(claim)
+        if allocated is None:
+            return
+        # Not below 0: the scheduler's clock is another machine's.
+        seconds = max(0.0, self._wall_clock() - allocated)
+        context = parent_context(span.span_context()) if self.spans.enabled else None
+        for device_class in device_classes(claim, self.driver_name):
+            self.metrics.allocation_to_prepared(seconds, self.driver_name, device_class, context)
 
     @overload
     def _read_claim(
@@ -359,6 +415,75 @@ def consumer_pod_attributes(claim: Mapping[str, Any]) -> dict[str, Any]:
     if len(pods) == 1:
         attributes[K8S_POD_NAME], attributes[K8S_POD_UID] = pods[0]
     return attributes
+
+
+def _time(value: Any) -> float | None:
+    """An RFC 3339 timestamp (``2026-11-30T03:26:06Z``, as the API writes them) as Unix seconds."""
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed.timestamp() if parsed.tzinfo is not None else None
+
+
+def allocation_time(claim: Mapping[str, Any]) -> float | None:
+    """When the claim was allocated, Unix seconds: ``status.allocation.allocationTimestamp``
+    (kube-scheduler sets it where the DRADeviceBindingConditions/DRAResourceClaimDeviceStatus gates
+    are on), else the newest status write of kube-scheduler in ``metadata.managedFields`` (the
+    allocation is its write; while the claim is reserved for a running pod the scheduler writes
+    its status no more), else None. Both are whole seconds."""
+    status = claim.get("status")
+    allocation = status.get("allocation") if isinstance(status, dict) else None
+    stamp = _time(allocation.get("allocationTimestamp")) if isinstance(allocation, dict) else None
+    if stamp is not None:
+        return stamp
+    metadata = claim.get("metadata")
+    fields = metadata.get("managedFields") if isinstance(metadata, dict) else None
+    writes = [
+        _time(f.get("time"))
+        for f in (fields if isinstance(fields, list) else [])
+        if isinstance(f, dict) and f.get("subresource") == "status" and f.get("manager") == "kube-scheduler"
+    ]
+    times = [t for t in writes if t is not None]
+    return max(times) if times else None
+
+
+def device_classes(claim: Mapping[str, Any], driver: str) -> list[str]:
+    """The deviceClassName of each request (``<request>`` or ``<request>/<subrequest>`` of
+    ``firstAvailable``) that ``driver``'s allocation results name, each once, in result order; ""
+    for a request the spec does not resolve."""
+    spec = claim.get("spec")
+    devices = spec.get("devices") if isinstance(spec, dict) else None
+    requests = devices.get("requests") if isinstance(devices, dict) else None
+    classes: dict[str, str] = {}
+    for request in requests if isinstance(requests, list) else []:
+        if not isinstance(request, dict) or not isinstance(request.get("name"), str):
+            continue
+        exactly = request.get("exactly")
+        if isinstance(exactly, dict) and isinstance(exactly.get("deviceClassName"), str):
+            classes[request["name"]] = exactly["deviceClassName"]
+        elif isinstance(request.get("deviceClassName"), str):  # v1beta1's layout
+            classes[request["name"]] = request["deviceClassName"]
+        subrequests = request.get("firstAvailable")
+        for sub in subrequests if isinstance(subrequests, list) else []:
+            if (
+                isinstance(sub, dict)
+                and isinstance(sub.get("name"), str)
+                and isinstance(sub.get("deviceClassName"), str)
+            ):
+                classes[f"{request['name']}/{sub['name']}"] = sub["deviceClassName"]
+    status = claim.get("status")
+    allocation = status.get("allocation") if isinstance(status, dict) else None
+    allocated = allocation.get("devices") if isinstance(allocation, dict) else None
+    results = allocated.get("results") if isinstance(allocated, dict) else None
+    named = [
+        classes.get(str(r.get("request")), "")
+        for r in (results if isinstance(results, list) else [])
+        if isinstance(r, dict) and r.get("driver") == driver
+    ]
+    return list(dict.fromkeys(named))
 
 
 def _validate(ref: ClaimRef, *, full: bool) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
+from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Counter, Histogram, MeterProvider, Observation
 
 from otel_dra import __version__
@@ -32,6 +33,10 @@ OPERATIONS = ("prepare", "unprepare")
 CLAIM_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 # client-go's rest_client_request_duration_seconds buckets.
 REST_DURATION_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)
+# From a claim's allocation to its prepare: the pod's binding, the kubelet's admission and sandbox,
+# then the prepare (seconds when all goes well; minutes behind an image pull of an init container or
+# a busy node; beyond half an hour, stuck). The times compared are whole seconds.
+ALLOCATION_TO_PREPARED_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 
 
 @record(frozen=True)
@@ -146,6 +151,15 @@ HEALTH_STREAMS = Instrument(
     "DRAResourceHealth.NodeWatchResources streams open now (the kubelet keeps one).",
     stability="experimental",
 )
+ALLOCATION_TO_PREPARED = Instrument(
+    "otel_dra.plugin.claim.allocation_to_prepared",
+    "histogram",
+    "s",
+    ("driver", "deviceclass_name"),
+    "Seconds from a claim's allocation to the end of its first successful prepare on this node.",
+    ALLOCATION_TO_PREPARED_BUCKETS,
+    stability="experimental",
+)
 
 # The error types of otel_dra.plugin.state.ClaimError; HTTP<code> is folded into its class.
 ERROR_TYPES = frozenset(
@@ -193,6 +207,7 @@ INSTRUMENTS = (
     CLAIM_ERRORS,
     DEVICE_HEALTH,
     HEALTH_STREAMS,
+    ALLOCATION_TO_PREPARED,
 )
 
 # client-go's code label when there was no HTTP answer.
@@ -222,6 +237,7 @@ class PluginMetrics:
         self._meter = meter
         self._in_flight = meter.create_up_down_counter(IN_FLIGHT.name, IN_FLIGHT.unit, IN_FLIGHT.description)
         self._claim_errors = counter(CLAIM_ERRORS)
+        self._allocation_to_prepared = histogram(ALLOCATION_TO_PREPARED)
         # Present at 0 before any work, as upstream: dashboards and rate() see the series at once.
         for result in RESULTS:
             self._prepare.add(0, {"result": result})
@@ -276,6 +292,14 @@ class PluginMetrics:
         attrs = {"result": SUCCESS if ok else ERROR}
         self._unprepare.add(1, attrs)
         self._unprepare_duration.record(seconds, attrs)
+
+    def allocation_to_prepared(
+        self, seconds: float, driver: str, device_class: str, context: Context | None = None
+    ) -> None:
+        """``context``: whose current span the exemplar names (the claim's span; kept by the SDK's
+        default, trace-based, exemplar filter only when that span is sampled)."""
+        attrs = {"driver": driver, "deviceclass_name": device_class}
+        self._allocation_to_prepared.record(seconds, attrs, context=context)
 
     def fatal_error(self) -> None:
         self._fatal.add(1)

@@ -144,6 +144,8 @@ class _DraServicer:
         if self.driver.spans.enabled:  # tracing off: no span takes the caller's context
             metadata = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
             parent = self._propagator.extract(metadata)  # a traceparent sent by the caller, if any
+        # The call's span keeps its caller's trace (or a new one); the claims' spans are in their
+        # own traces and linked with this one both ways (otel_dra.plugin.driver, module notes).
         attributes: dict[str, Any] = {
             RPC_SYSTEM_NAME: "grpc",
             RPC_METHOD: f"{self.service}/{method}",

@@ -18,6 +18,15 @@ asks it later (deterministic for every sampler ``OTEL_TRACES_SAMPLER`` can name)
 elsewhere (a test's, a program embedding the plugin) gets the recorder's tracer's generator
 replaced instead, through the SDK's private layout (:mod:`otel_dra.telemetry.sdk_private`).
 
+Links: a span keeps (span context, attributes) pairs, given at start or added later
+(``add_link``), and the worker hands them all to ``start_span(links=...)`` (the sampler, asked
+during the call by ``span_context``/``inject``, sees the links there were then; the built-in
+samplers do not read them). ``span_context`` reserves a span's ids as ``inject`` does, so that two
+spans of different traces can link to each other while both still run. A root started with a
+context whose current span is a remote span context (``traceids.parent_context``, say, or
+:meth:`SpanRecorder.derived_parent` for a trace whose ids every process derives from one key) is
+exported as a child of exactly that span, in its trace, the sampler asked with that parent.
+
 Nothing here knows what is traced. A provider that is not the SDK's (tracing off) gives a recorder
 whose spans are one shared object that does nothing.
 """
@@ -32,7 +41,7 @@ import time
 import traceback
 import weakref
 from collections import deque
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 from opentelemetry import context as context_api
@@ -41,9 +50,10 @@ from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import Decision, Sampler
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import INVALID_SPAN_CONTEXT, Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_dra.telemetry import sdk_private
+from otel_dra.telemetry.traceids import decides_root, parent_context, root_context
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +127,7 @@ class RecordedSpan:
         "events",
         "flags",
         "kind",
+        "links",
         "name",
         "parent",
         "parent_context",
@@ -137,6 +148,7 @@ class RecordedSpan:
         parent: RecordedSpan | None,
         parent_context: context_api.Context | None,
         record_exceptions: bool,
+        links: list[tuple[SpanContext, dict[str, Any]]] | None = None,
     ) -> None:
         self._recorder = recorder
         self.name = name
@@ -146,6 +158,7 @@ class RecordedSpan:
         self.parent_context = parent_context  # a root's (remote) parent, as extracted from the caller
         self.record_exceptions = record_exceptions
         self.events: list[tuple[str, dict[str, Any], int]] = []
+        self.links: list[tuple[SpanContext, dict[str, Any]]] = links if links is not None else []
         self.status: Status | None = None
         self.span_id: int | None = None  # reserved only when the span's context is propagated
         self.trace_id: int | None = None  # the same, for a root without a valid remote parent
@@ -169,8 +182,16 @@ class RecordedSpan:
         kind: SpanKind = SpanKind.INTERNAL,
         attributes: Mapping[str, Any] | None = None,
         record_exceptions: bool = True,
+        links: Sequence[tuple[SpanContext, Mapping[str, Any] | None]] = (),
     ) -> RecordedSpan:
-        return RecordedSpan(self._recorder, name, kind, dict(attributes or {}), self, None, record_exceptions)
+        return RecordedSpan(
+            self._recorder, name, kind, dict(attributes or {}), self, None, record_exceptions, _links(links)
+        )
+
+    def add_link(self, context: SpanContext, attributes: Mapping[str, Any] | None = None) -> None:
+        """A link to ``context`` (another span, of this trace or another), as the SDK's
+        ``Span.add_link``; exported with the links given at start, in the order added."""
+        self.links.append((context, dict(attributes or {})))
 
     def set_attribute(self, key: str, value: Any) -> None:
         self.attributes[key] = value
@@ -194,21 +215,21 @@ class RecordedSpan:
         }
         self.events.append(("exception", attributes, time.time_ns()))
 
+    def span_context(self) -> SpanContext:
+        """The context this span is exported with: its trace id, span id and flags, reserved now
+        (the sampler asked for the root, as for ``inject``), so that other spans can link to it or
+        a measurement's exemplar can name it before it ended."""
+        trace_id, span_id, flags = self._reserve()
+        return SpanContext(trace_id, span_id, is_remote=False, trace_flags=flags, trace_state=self._root.trace_state)
+
     def inject(self, carrier: MutableMapping[str, str]) -> None:
         """Write this span's ``traceparent`` (and ``tracestate``) into ``carrier``."""
-        root = self._root
-        recorder = self._recorder
-        assert recorder._ids is not None  # a RecordedSpan exists only with an SDK tracer
-        if root.flags is None:
-            recorder._decide(root)
-        if self.span_id is None:
-            self.span_id = recorder._ids.inner.generate_span_id()
-        trace_id = root.trace_id if root.trace_id is not None else root.remote_parent().trace_id
+        trace_id, span_id, flags = self._reserve()
         # W3C trace context, as TraceContextTextMapPropagator.inject writes it (tests compare), without
         # the context and span objects it needs around the same four fields.
-        carrier["traceparent"] = f"00-{trace_id:032x}-{self.span_id:016x}-{root.flags:02x}"
-        if root.trace_state:
-            carrier["tracestate"] = root.trace_state.to_header()
+        carrier["traceparent"] = f"00-{trace_id:032x}-{span_id:016x}-{flags:02x}"
+        if self._root.trace_state:
+            carrier["tracestate"] = self._root.trace_state.to_header()
 
     def end(self) -> None:
         if self.end_ns is not None:
@@ -232,6 +253,20 @@ class RecordedSpan:
         self.end()
 
     # --- for the recorder ---------------------------------------------------------------------
+    def _reserve(self) -> tuple[int, int, TraceFlags]:
+        """This span's trace id, span id and flags, the root decided and the span id drawn if they
+        were not yet."""
+        root = self._root
+        recorder = self._recorder
+        assert recorder._ids is not None  # a RecordedSpan exists only with an SDK tracer
+        if root.flags is None:
+            recorder._decide(root)
+        assert root.flags is not None
+        if self.span_id is None:
+            self.span_id = recorder._ids.inner.generate_span_id()
+        trace_id = root.trace_id if root.trace_id is not None else root.remote_parent().trace_id
+        return trace_id, self.span_id, root.flags
+
     def remote_parent(self) -> SpanContext:
         return trace.get_current_span(self.parent_context).get_span_context()
 
@@ -248,8 +283,15 @@ class _NoSpan:
         kind: SpanKind = SpanKind.INTERNAL,
         attributes: Mapping[str, Any] | None = None,
         record_exceptions: bool = True,
+        links: Sequence[tuple[SpanContext, Mapping[str, Any] | None]] = (),
     ) -> _NoSpan:
         return self
+
+    def add_link(self, context: SpanContext, attributes: Mapping[str, Any] | None = None) -> None:
+        pass
+
+    def span_context(self) -> SpanContext:
+        return INVALID_SPAN_CONTEXT
 
     def set_attribute(self, key: str, value: Any) -> None:
         pass
@@ -277,6 +319,11 @@ class _NoSpan:
 
 
 _NO_SPAN = _NoSpan()
+
+
+def _links(links: Sequence[tuple[SpanContext, Mapping[str, Any] | None]]) -> list[tuple[SpanContext, dict[str, Any]]]:
+    return [(context, dict(attributes or {})) for context, attributes in links]
+
 
 # What traced code holds: a recorded span, or the one that does nothing.
 SpanHandle = RecordedSpan | _NoSpan
@@ -334,8 +381,10 @@ class SpanRecorder:
         attributes: Mapping[str, Any] | None = None,
         context: context_api.Context | None = None,
         record_exceptions: bool = True,
+        links: Sequence[tuple[SpanContext, Mapping[str, Any] | None]] = (),
     ) -> SpanHandle:
-        """A root span; ``context``: the caller's, with its remote parent if it sent one."""
+        """A root span; ``context``: the caller's, with its remote parent if it sent one (or
+        :meth:`derived_parent`'s); ``links``: (span context, attributes) pairs."""
         if not self.enabled:
             return _NO_SPAN
         if context is None:
@@ -344,7 +393,15 @@ class SpanRecorder:
             context = context_api.get_current()
         with self._calls_lock:
             self._calls += 1
-        return RecordedSpan(self, name, kind, dict(attributes or {}), None, context, record_exceptions)
+        return RecordedSpan(self, name, kind, dict(attributes or {}), None, context, record_exceptions, _links(links))
+
+    def derived_parent(self, trace_id: int, name: str) -> context_api.Context:
+        """The context that makes a root started with it (``start(name, context=...)``) a child of
+        the root of the derived trace ``trace_id`` (:mod:`otel_dra.telemetry.traceids`), whose span
+        another process emits: flagged sampled when this recorder's sampler samples a root of that
+        trace named ``name``, so that a parent-based sampler agrees with the root's own process."""
+        sampled = self._sampler is not None and decides_root(self._sampler, trace_id, name)
+        return parent_context(root_context(trace_id, sampled))
 
     def flush(self) -> None:
         while True:
@@ -426,7 +483,10 @@ class SpanRecorder:
         else:
             trace_id = root.trace_id = self._ids.inner.generate_trace_id()
             random_id = self._ids.inner.is_trace_id_random()
-        result = self._sampler.should_sample(root.parent_context, trace_id, root.name, root.kind, root.attributes)
+        links = [Link(c, a) for c, a in root.links]
+        result = self._sampler.should_sample(
+            root.parent_context, trace_id, root.name, root.kind, root.attributes, links
+        )
         flags = TraceFlags.SAMPLED if result.decision is Decision.RECORD_AND_SAMPLE else TraceFlags.DEFAULT
         root.flags = TraceFlags(flags | TraceFlags.RANDOM_TRACE_ID if random_id else flags)
         root.trace_state = result.trace_state
@@ -456,6 +516,7 @@ class SpanRecorder:
                         context=context,
                         kind=s.kind,
                         attributes=s.attributes,
+                        links=[Link(c, a) for c, a in s.links],
                         start_time=s.start_ns,
                         record_exception=False,
                         set_status_on_exception=False,

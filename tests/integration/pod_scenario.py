@@ -8,7 +8,7 @@ that uses it, so the plugin sees four calls: prepare {a, shared}, prepare {b}, u
 unprepare {b, shared}.
 
 The record is the plugin's own traces, written by the plugin process with the console exporter
-(``OTEL_TRACES_EXPORTER=console``): one SERVER span per RPC with the claims' spans under it, each
+(``OTEL_TRACES_EXPORTER=console``): one SERVER span per RPC linked to the claims' spans, each
 with the claim's UID and, for a prepare, the CDI device ids it returned (``dra.cdi.device_ids``).
 Nothing between the kubelet (or the emulator) and the plugin is replaced.
 """
@@ -182,13 +182,22 @@ def calls(record: Path, roles: dict[str, str]) -> list[Call]:
     """The plugin's Node(Un)PrepareResources calls that named the scenario's claims, in order."""
     found = spans(record.read_text())
     children: dict[str, list[dict[str, Any]]] = {}
+    by_id: dict[str, dict[str, Any]] = {}
     for span in found:
+        by_id[span["context"]["span_id"]] = span
         if span.get("parent_id"):
             children.setdefault(span["parent_id"], []).append(span)
     out = []
     for rpc in sorted((s for s in found if s["kind"] == "SpanKind.SERVER"), key=lambda s: s["start_time"]):
         method = rpc["name"].rsplit("/", 1)[-1]
-        claims = [c for c in children.get(rpc["context"]["span_id"], ()) if c["name"].endswith(" claim")]
+        # A claim's span is in the claim's own trace, linked from the RPC's (a UID that is not a
+        # UUID: the RPC's child).
+        linked = [by_id.get(link["context"]["span_id"]) for link in rpc.get("links") or ()]
+        claims = [
+            c
+            for c in [*children.get(rpc["context"]["span_id"], ()), *linked]
+            if c is not None and c["name"].endswith(" claim")
+        ]
         uids = [c["attributes"]["dra.claim.uid"] for c in claims]
         if not any(uid in roles for uid in uids):
             continue  # another test's claims

@@ -18,12 +18,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from otel_dra.telemetry.traceids import root_span_id
 from tests import peers
 from tests.helpers import free_port, free_ports, scrape, wait_until
 from tests.integration.test_dashboard_and_rules import dashboard_expressions, rule_expressions
@@ -221,29 +223,42 @@ def test_plugin_metric_names_through_the_collector_equal_direct(prom):
 
 
 def test_jaeger_has_a_prepare_trace_with_per_claim_children(prom, jaeger):
+    """A claim's trace, looked up by its UID without the dashes (as docs/plugin.md tells users):
+    the plugin's claim span is a child of the claim's derived root with its steps as children, and
+    it links (FOLLOWS_FROM, in Jaeger's model) to the NodePrepareResources span of the call."""
     rpc_name = "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
 
-    def prepare_trace() -> Any:
-        for trace in jaeger.traces("otel-dra-plugin", operation=rpc_name):
-            spans = {s["spanID"]: s for s in trace["spans"]}
+    def refs(s: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+        return [r for r in s.get("references", []) if r["refType"] == kind]
 
-            def parent(s: dict[str, Any]) -> str | None:
-                refs = [r["spanID"] for r in s.get("references", []) if r["refType"] == "CHILD_OF"]
-                return refs[0] if refs else None
-
-            rpc = [s for s in spans.values() if s["operationName"] == rpc_name]
-            claims = [
-                s
-                for s in spans.values()
-                if s["operationName"] == "prepare claim" and parent(s) in {r["spanID"] for r in rpc}
-            ]
-            steps = [s for s in spans.values() if claims and parent(s) == claims[0]["spanID"]]
-            if rpc and claims and len(steps) >= 3:
-                return trace, claims[0], steps
+    def claim_trace() -> Any:
+        for found in jaeger.traces("otel-dra-plugin", operation="prepare claim"):
+            for span in found["spans"]:
+                tags = {t["key"]: t["value"] for t in span["tags"]}
+                if span["operationName"] != "prepare claim" or tags.get("dra.result") != "success":
+                    continue
+                trace = jaeger.trace(uuid.UUID(tags["dra.claim.uid"]).hex)  # the lookup by trace id
+                if trace is None:
+                    continue
+                spans = {s["spanID"]: s for s in trace["spans"]}
+                claim = spans.get(span["spanID"])
+                if claim is None:
+                    continue
+                steps = [s for s in spans.values() if [r["spanID"] for r in refs(s, "CHILD_OF")] == [claim["spanID"]]]
+                if len(steps) >= 3 and refs(claim, "FOLLOWS_FROM"):
+                    return trace, claim, steps, tags
         return None
 
-    _trace, claim, steps = wait_until(prepare_trace, 60, interval=1, what="a prepare trace in Jaeger")
-    tags = {t["key"]: t["value"] for t in claim["tags"]}
+    trace, claim, steps, tags = wait_until(claim_trace, 60, interval=1, what="a claim's trace in Jaeger")
+    trace_id = uuid.UUID(tags["dra.claim.uid"]).int
+    assert int(trace["traceID"], 16) == trace_id
+    (parent,) = refs(claim, "CHILD_OF")
+    assert int(parent["spanID"], 16) == root_span_id(trace_id)
     assert tags["k8s.namespace.name"] == "demo"
-    assert tags["dra.result"] == "success"
     assert {s["operationName"] for s in steps} >= {"write CDI spec", "write checkpoint"}
+    # The link leads to the call's trace, whose RPC span links back to the claim's span.
+    (link,) = refs(claim, "FOLLOWS_FROM")
+    call = wait_until(lambda: jaeger.trace(link["traceID"]), 60, interval=1, what="the linked call's trace")
+    (rpc,) = [s for s in call["spans"] if s["spanID"] == link["spanID"]]
+    assert rpc["operationName"] == rpc_name
+    assert any(int(r["spanID"], 16) == int(claim["spanID"], 16) for r in refs(rpc, "FOLLOWS_FROM"))

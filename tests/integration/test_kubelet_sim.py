@@ -11,6 +11,7 @@ import secrets
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from otel_dra.cli.demo import PluginProcess, start_plugin
 from otel_dra.kube.client import ApiError, KubeClient, load_credentials
 from otel_dra.kubeletsim.sim import KubeletSim
+from otel_dra.telemetry.traceids import root_span_id
 from tests.helpers import free_port, parse_samples, scrape, wait_until
 from tests.otlp_receiver import OtlpReceiver
 
@@ -219,15 +221,25 @@ def test_full_cycle_prepare_then_unprepare(cluster):
     spec = json.loads(cdi_files[0].read_text()) if cdi_files[0].suffix == ".json" else cdi_files[0].read_text()
     assert uid in json.dumps(spec)
 
-    # The RPC's SERVER span with a per-claim child and its steps as grandchildren.
+    # The RPC's SERVER span, linked both ways with the claim's span, which is in the claim's own
+    # trace (trace id = its UID) as a child of the claim's derived root, with its steps as children.
+    claim_trace = uuid.UUID(uid).int.to_bytes(16, "big")
+
     def prepare_trace() -> Any:
         spans = _spans(cluster.receiver)
-        rpc = [s for s in spans if s.kind == s.SPAN_KIND_SERVER and "NodePrepareResources" in s.name]
-        if not rpc:
-            return None
-        children = [s for s in spans if s.parent_span_id == rpc[0].span_id]
-        per_claim = [s for s in children if uid in _attrs(s).values()]
+        per_claim = [
+            s for s in spans if s.trace_id == claim_trace and s.name == "prepare claim" and uid in _attrs(s).values()
+        ]
         if not per_claim:
+            return None
+        rpc = [
+            s
+            for s in spans
+            if s.kind == s.SPAN_KIND_SERVER
+            and "NodePrepareResources" in s.name
+            and any(link.span_id == per_claim[0].span_id for link in s.links)
+        ]
+        if not rpc:
             return None
         steps = [s for s in spans if s.parent_span_id == per_claim[0].span_id]
         return rpc[0], per_claim[0], steps if len(steps) >= 3 else None
@@ -235,8 +247,11 @@ def test_full_cycle_prepare_then_unprepare(cluster):
     found = wait_until(lambda: (t := prepare_trace()) and t[2] and t, 20, what="prepare trace at the OTLP receiver")
     rpc, per_claim, steps = found
     assert _attrs(per_claim).get("k8s.namespace.name") == cluster.namespace
-    assert len(steps) >= 3
-    # The emulator's traceparent is honoured: the plugin's span is a child of the kubelet's call.
+    assert per_claim.parent_span_id == root_span_id(uuid.UUID(uid).int).to_bytes(8, "big")
+    assert [(link.trace_id, link.span_id) for link in per_claim.links] == [(rpc.trace_id, rpc.span_id)]
+    assert [(link.trace_id, link.span_id) for link in rpc.links] == [(claim_trace, per_claim.span_id)]
+    assert len(steps) >= 3 and all(s.trace_id == claim_trace for s in steps)
+    # The emulator's traceparent is honoured: the plugin's RPC span is a child of the kubelet's call.
     (call,) = [s for s in cluster.kubelet_spans.get_finished_spans() if s.name == "kubelet NodePrepareResources"]
     assert (
         dict(call.attributes or {}).items()

@@ -31,6 +31,7 @@ from otel_dra.kubeletsim.nodes import ensure_node
 from otel_dra.plugin.devices import simulated_devices
 from otel_dra.plugin.nvml import DiscoveryError
 from otel_dra.plugin.server import AlreadyRunning
+from otel_dra.telemetry.traceids import root_span_id
 from tests.helpers import wait_until
 from tests.integration.plugin_helpers import (
     CLAIMS,
@@ -314,15 +315,23 @@ def test_prepare_and_unprepare(start, kubelet, dirs, node, namespace, admin_clie
     assert metric(port, histogram, result="success") == 1
     assert metric(port, "rest_client_requests_total", code="200", method="GET") == gets_before + 1
 
-    # The trace: one SERVER span for the RPC, one span for the claim, its three steps.
+    # The traces: one SERVER span for the RPC; the claim's span in the claim's own trace (trace id =
+    # its UID), a child of the claim's derived root, linked both ways with the RPC's; its three steps.
     spans = _spans(app)
     (rpc,) = [s for s in spans if s.kind == SpanKind.SERVER]
     assert rpc.name == PREPARE
     assert rpc.attributes["rpc.system.name"] == "grpc"
     assert rpc.attributes["rpc.method"] == "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
     assert rpc.attributes["rpc.response.status_code"] == "OK"
-    (claim_span,) = _children(spans, rpc)
+    assert _children(spans, rpc) == []
+    (claim_span,) = _claim_spans(app, uid)
     assert claim_span.name == "prepare claim"
+    assert claim_span.context.trace_id == uuid.UUID(uid).int
+    assert claim_span.parent is not None and claim_span.parent.span_id == root_span_id(uuid.UUID(uid).int)
+    assert [(link.context.span_id, dict(link.attributes or {})) for link in rpc.links] == [
+        (claim_span.context.span_id, {"k8s.resourceclaim.uid": uid})
+    ]
+    assert [link.context.span_id for link in claim_span.links] == [rpc.context.span_id]
     assert claim_span.attributes["k8s.namespace.name"] == namespace
     assert claim_span.attributes["dra.claim.name"] == f"ok-{node}"
     assert claim_span.attributes["dra.claim.uid"] == uid

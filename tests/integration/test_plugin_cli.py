@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from otel_dra.telemetry.traceids import root_span_id
 from tests.helpers import scrape, wait_until
 from tests.integration.plugin_helpers import DRIVER, Dirs, Kubelet, ensure_namespace, make_claim, metric, ref, result
 from tests.otlp_receiver import OtlpReceiver
@@ -159,11 +160,17 @@ def test_cli_traces_to_otlp_with_incoming_traceparent(testbed, admin_client, dir
             check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
             assert check.returncode == 0, check.stdout + check.stderr
 
-        def ours() -> list:
-            spans = [(r, s) for r, s in _spans(receiver) if s.trace_id.hex() == trace_id]
-            return spans if len(spans) >= 5 else []
+        # Two traces: the call's (the caller's trace id) holds the RPC span; the claim's (trace id =
+        # its UID) holds the claim span, a child of the claim's derived root, and its three steps.
+        claim_trace = uuid.UUID(uid).hex
 
-        spans = wait_until(ours, timeout=30, what="five spans of our trace")
+        def ours() -> list:
+            received = _spans(receiver)
+            call = [(r, s) for r, s in received if s.trace_id.hex() == trace_id]
+            claims = [(r, s) for r, s in received if s.trace_id.hex() == claim_trace]
+            return call + claims if len(call) >= 1 and len(claims) >= 4 else []
+
+        spans = wait_until(ours, timeout=30, what="the call's span and the claim's four")
         by_name = {s.name: (r, s) for r, s in spans}
         resource, rpc = by_name["k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"]
         assert resource["service.name"] == "plugin-under-test"
@@ -174,8 +181,14 @@ def test_cli_traces_to_otlp_with_incoming_traceparent(testbed, admin_client, dir
         assert _attrs(rpc)["rpc.method"] == "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
         assert _attrs(rpc)["rpc.response.status_code"] == "OK"
         assert "rpc.system" not in _attrs(rpc) and "rpc.grpc.status_code" not in _attrs(rpc)
+        assert rpc.trace_id.hex() == trace_id
         _, claim_span = by_name["prepare claim"]
-        assert claim_span.parent_span_id == rpc.span_id
+        assert claim_span.trace_id.hex() == claim_trace
+        assert claim_span.parent_span_id == root_span_id(uuid.UUID(uid).int).to_bytes(8, "big")
+        assert [(link.trace_id, link.span_id) for link in claim_span.links] == [(rpc.trace_id, rpc.span_id)]
+        (link,) = rpc.links
+        assert (link.trace_id, link.span_id) == (claim_span.trace_id, claim_span.span_id)
+        assert {a.key: a.value.string_value for a in link.attributes} == {"k8s.resourceclaim.uid": uid}
         assert _attrs(claim_span)["dra.claim.uid"] == uid and _attrs(claim_span)["dra.devices"] == ["gpu-0"]
         for step in (
             "GET /apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}",

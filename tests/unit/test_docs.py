@@ -126,6 +126,7 @@ def test_plugin_metrics_documented():
     m.unprepared(True, 0.01)
     m.observe_request(RequestRecord("GET", "h:1", "/", 503, 0.01, True))
     m.claim_error("prepare", "NotFound")
+    m.allocation_to_prepared(3.0, "gpu.example.com", "gpu.example.com")
     m.observe_state(lambda: 2, lambda: [("node-a", "gpu-0", "Healthy")], lambda: 1)
     stability = {i.name: i.stability for i in plugin_metrics.INSTRUMENTS}
     exported = {

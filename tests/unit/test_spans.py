@@ -13,12 +13,21 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, DEFAULT_ON
-from opentelemetry.trace import NoOpTracerProvider, SpanKind, Status, StatusCode
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, DEFAULT_ON, Sampler
+from opentelemetry.trace import (
+    INVALID_SPAN_CONTEXT,
+    NoOpTracerProvider,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from otel_dra.telemetry import sdk_private
 from otel_dra.telemetry.spans import PresetIds, SpanRecorder, tracer_provider
+from otel_dra.telemetry.traceids import parent_context
 from tests.helpers import wait_until
 
 PROPAGATOR = TraceContextTextMapPropagator()
@@ -356,3 +365,99 @@ def test_recorders_sharing_a_foreign_tracer_share_one_generator(recorders):
     second.flush()
     got = sorted(f"{s.context.span_id:016x}" for s in exporter.get_finished_spans() if s.name == "GET")
     assert got == sorted(h["traceparent"].split("-")[2] for h in headers)
+
+
+# --- links, reserved contexts, roots under a remote parent ------------------------------------------
+
+
+def _ctx(span: ReadableSpan) -> tuple[int, int, int]:
+    assert span.context is not None
+    return span.context.trace_id, span.context.span_id, int(span.context.trace_flags)
+
+
+@both
+def test_spans_of_two_traces_link_to_each_other_before_either_ended(recorders, made):
+    provider, exporter = _provider(made)
+    recorder = recorders(provider)
+    first = recorder.start("first")
+    second = recorder.start("second", links=[(first.span_context(), {"why": "started by"})])
+    first.add_link(second.span_context(), {"uid": "u"})
+    first.add_link(second.span_context())  # no attributes: an empty set
+    with second.child("step") as step:
+        step_context = step.span_context()
+    second.end()
+    first.end()
+    recorder.flush()
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert spans["first"].context.trace_id != spans["second"].context.trace_id
+    (back,) = spans["second"].links
+    assert (back.context.trace_id, back.context.span_id) == _ctx(spans["first"])[:2]
+    assert dict(back.attributes or {}) == {"why": "started by"}
+    assert [(link.context.span_id, dict(link.attributes or {})) for link in spans["first"].links] == [
+        (spans["second"].context.span_id, {"uid": "u"}),
+        (spans["second"].context.span_id, {}),
+    ]
+    # What span_context reserved is what was exported: ids and flags, a child's too.
+    assert (first.span_context().trace_id, first.span_context().span_id) == _ctx(spans["first"])[:2]
+    assert int(first.span_context().trace_flags) == _ctx(spans["first"])[2]
+    assert (step_context.trace_id, step_context.span_id, int(step_context.trace_flags)) == _ctx(spans["step"])
+    assert spans["step"].links == ()
+
+
+class _Asked(Sampler):
+    """ALWAYS_ON that keeps the parent span context and the trace id of every question."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[SpanContext, int, int]] = []
+
+    def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None):
+        parent = trace.get_current_span(parent_context).get_span_context()
+        self.asked.append((parent, trace_id, len(links or ())))
+        return ALWAYS_ON.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
+
+    def get_description(self) -> str:
+        return "asked"
+
+
+def test_a_root_under_a_remote_parent_is_its_child_in_its_trace(recorders):
+    sampler = _Asked()
+    provider, exporter = _provider(made=True, sampler=sampler)
+    recorder = recorders(provider)
+    remote = SpanContext(0x1234, 0x5678, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    link = SpanContext(0x99, 0x98, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    with recorder.start("joined", context=parent_context(remote), links=[(link, None)]) as joined:
+        reserved = joined.span_context()  # the sampler asked now, during the call
+        with joined.child("step"):
+            pass
+    recorder.flush()
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    exported = spans["joined"]
+    assert exported.parent is not None and exported.parent.is_remote
+    assert (exported.parent.trace_id, exported.parent.span_id) == (0x1234, 0x5678)
+    assert exported.context.trace_id == 0x1234 and spans["step"].context.trace_id == 0x1234
+    assert (reserved.trace_id, reserved.span_id) == (0x1234, exported.context.span_id)
+    # Asked twice about the root (here, then by the SDK on the worker), both times with that parent
+    # and the link; the child is asked with the root as its parent.
+    root_questions = [a for a in sampler.asked if a[0].span_id == 0x5678]
+    assert len(root_questions) == 2 and all(a[0] == remote and a[1] == 0x1234 and a[2] == 1 for a in root_questions)
+
+
+def test_derived_parent_is_the_derived_root_flagged_as_the_sampler_decides(recorders):
+    from otel_dra.telemetry.traceids import TraceIdRatio, root_span_id
+
+    provider, _ = _provider(made=True, sampler=TraceIdRatio(0.5))
+    recorder = recorders(provider)
+    for trace_id, sampled in ((0x7 << 100 | 1, True), (0x7 << 100 | (1 << 55) | 1, False)):
+        parent = trace.get_current_span(recorder.derived_parent(trace_id, "x")).get_span_context()
+        assert (parent.trace_id, parent.span_id, parent.is_remote) == (trace_id, root_span_id(trace_id), True)
+        assert parent.trace_flags.sampled is sampled
+
+
+def test_without_an_sdk_tracer_links_and_contexts_cost_nothing():
+    recorder = SpanRecorder(NoOpTracerProvider(), "t", "1")
+    span = recorder.start("rpc", links=[(INVALID_SPAN_CONTEXT, None)])
+    span.add_link(INVALID_SPAN_CONTEXT, {"a": 1})
+    assert span.span_context() is INVALID_SPAN_CONTEXT and span.child("c").span_context() is INVALID_SPAN_CONTEXT
+    assert not trace.get_current_span(recorder.derived_parent(1, "x")).get_span_context().trace_flags.sampled
+    span.end()
+    recorder.close()
