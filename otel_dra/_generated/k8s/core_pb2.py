@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from otel_dra._generated.k8s import meta_pb2 as otel__dra_dot___generated_dot_k8s_dot_meta__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"otel_dra/_generated/k8s/core.proto\x12\x11otel_dra.k8s.core\x1a\"otel_dra/_generated/k8s/meta.proto\"\x8e\x01\n\x03Pod\x12/\n\x08metadata\x18\x01 \x01(\x0b\x32\x1d.otel_dra.k8s.meta.ObjectMeta\x12(\n\x04spec\x18\x02 \x01(\x0b\x32\x1a.otel_dra.k8s.core.PodSpec\x12,\n\x06status\x18\x03 \x01(\x0b\x32\x1c.otel_dra.k8s.core.PodStatus\"F\n\x07PodSpec\x12;\n\x0eresourceClaims\x18\' \x03(\x0b\x32#.otel_dra.k8s.core.PodResourceClaim\"^\n\x10PodResourceClaim\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x11resourceClaimName\x18\x03 \x01(\t\x12!\n\x19resourceClaimTemplateName\x18\x04 \x01(\t\"\xd7\x01\n\tPodStatus\x12=\n\x11\x63ontainerStatuses\x18\x08 \x03(\x0b\x32\".otel_dra.k8s.core.ContainerStatus\x12\x41\n\x15initContainerStatuses\x18\n \x03(\x0b\x32\".otel_dra.k8s.core.ContainerStatus\x12H\n\x15resourceClaimStatuses\x18\x0f \x03(\x0b\x32).otel_dra.k8s.core.PodResourceClaimStatus\"A\n\x16PodResourceClaimStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x11resourceClaimName\x18\x02 \x01(\t\"d\n\x0f\x43ontainerStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x43\n\x18\x61llocatedResourcesStatus\x18\x0e \x03(\x0b\x32!.otel_dra.k8s.core.ResourceStatus\"T\n\x0eResourceStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x34\n\tresources\x18\x02 \x03(\x0b\x32!.otel_dra.k8s.core.ResourceHealth\"4\n\x0eResourceHealth\x12\x12\n\nresourceID\x18\x01 \x01(\t\x12\x0e\n\x06health\x18\x02 \x01(\t')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"otel_dra/_generated/k8s/core.proto\x12\x11otel_dra.k8s.core\x1a\"otel_dra/_generated/k8s/meta.proto\"\x8e\x01\n\x03Pod\x12/\n\x08metadata\x18\x01 \x01(\x0b\x32\x1d.otel_dra.k8s.meta.ObjectMeta\x12(\n\x04spec\x18\x02 \x01(\x0b\x32\x1a.otel_dra.k8s.core.PodSpec\x12,\n\x06status\x18\x03 \x01(\x0b\x32\x1c.otel_dra.k8s.core.PodStatus\"X\n\x07PodSpec\x12\x10\n\x08nodeName\x18\n \x01(\t\x12;\n\x0eresourceClaims\x18\' \x03(\x0b\x32#.otel_dra.k8s.core.PodResourceClaim\"^\n\x10PodResourceClaim\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x11resourceClaimName\x18\x03 \x01(\t\x12!\n\x19resourceClaimTemplateName\x18\x04 \x01(\t\"\x8c\x02\n\tPodStatus\x12\x33\n\nconditions\x18\x02 \x03(\x0b\x32\x1f.otel_dra.k8s.core.PodCondition\x12=\n\x11\x63ontainerStatuses\x18\x08 \x03(\x0b\x32\".otel_dra.k8s.core.ContainerStatus\x12\x41\n\x15initContainerStatuses\x18\n \x03(\x0b\x32\".otel_dra.k8s.core.ContainerStatus\x12H\n\x15resourceClaimStatuses\x18\x0f \x03(\x0b\x32).otel_dra.k8s.core.PodResourceClaimStatus\"a\n\x0cPodCondition\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x33\n\x12lastTransitionTime\x18\x04 \x01(\x0b\x32\x17.otel_dra.k8s.meta.Time\"A\n\x16PodResourceClaimStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x11resourceClaimName\x18\x02 \x01(\t\"\x96\x01\n\x0f\x43ontainerStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x30\n\x05state\x18\x02 \x01(\x0b\x32!.otel_dra.k8s.core.ContainerState\x12\x43\n\x18\x61llocatedResourcesStatus\x18\x0e \x03(\x0b\x32!.otel_dra.k8s.core.ResourceStatus\"\x8c\x01\n\x0e\x43ontainerState\x12\x39\n\x07running\x18\x02 \x01(\x0b\x32(.otel_dra.k8s.core.ContainerStateRunning\x12?\n\nterminated\x18\x03 \x01(\x0b\x32+.otel_dra.k8s.core.ContainerStateTerminated\"C\n\x15\x43ontainerStateRunning\x12*\n\tstartedAt\x18\x01 \x01(\x0b\x32\x17.otel_dra.k8s.meta.Time\"F\n\x18\x43ontainerStateTerminated\x12*\n\tstartedAt\x18\x05 \x01(\x0b\x32\x17.otel_dra.k8s.meta.Time\"T\n\x0eResourceStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x34\n\tresources\x18\x02 \x03(\x0b\x32!.otel_dra.k8s.core.ResourceHealth\"4\n\x0eResourceHealth\x12\x12\n\nresourceID\x18\x01 \x01(\t\x12\x0e\n\x06health\x18\x02 \x01(\t')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,17 +35,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_POD']._serialized_start=94
   _globals['_POD']._serialized_end=236
   _globals['_PODSPEC']._serialized_start=238
-  _globals['_PODSPEC']._serialized_end=308
-  _globals['_PODRESOURCECLAIM']._serialized_start=310
-  _globals['_PODRESOURCECLAIM']._serialized_end=404
-  _globals['_PODSTATUS']._serialized_start=407
-  _globals['_PODSTATUS']._serialized_end=622
-  _globals['_PODRESOURCECLAIMSTATUS']._serialized_start=624
-  _globals['_PODRESOURCECLAIMSTATUS']._serialized_end=689
-  _globals['_CONTAINERSTATUS']._serialized_start=691
-  _globals['_CONTAINERSTATUS']._serialized_end=791
-  _globals['_RESOURCESTATUS']._serialized_start=793
-  _globals['_RESOURCESTATUS']._serialized_end=877
-  _globals['_RESOURCEHEALTH']._serialized_start=879
-  _globals['_RESOURCEHEALTH']._serialized_end=931
+  _globals['_PODSPEC']._serialized_end=326
+  _globals['_PODRESOURCECLAIM']._serialized_start=328
+  _globals['_PODRESOURCECLAIM']._serialized_end=422
+  _globals['_PODSTATUS']._serialized_start=425
+  _globals['_PODSTATUS']._serialized_end=693
+  _globals['_PODCONDITION']._serialized_start=695
+  _globals['_PODCONDITION']._serialized_end=792
+  _globals['_PODRESOURCECLAIMSTATUS']._serialized_start=794
+  _globals['_PODRESOURCECLAIMSTATUS']._serialized_end=859
+  _globals['_CONTAINERSTATUS']._serialized_start=862
+  _globals['_CONTAINERSTATUS']._serialized_end=1012
+  _globals['_CONTAINERSTATE']._serialized_start=1015
+  _globals['_CONTAINERSTATE']._serialized_end=1155
+  _globals['_CONTAINERSTATERUNNING']._serialized_start=1157
+  _globals['_CONTAINERSTATERUNNING']._serialized_end=1224
+  _globals['_CONTAINERSTATETERMINATED']._serialized_start=1226
+  _globals['_CONTAINERSTATETERMINATED']._serialized_end=1296
+  _globals['_RESOURCESTATUS']._serialized_start=1298
+  _globals['_RESOURCESTATUS']._serialized_end=1382
+  _globals['_RESOURCEHEALTH']._serialized_start=1384
+  _globals['_RESOURCEHEALTH']._serialized_end=1436
 # @@protoc_insertion_point(module_scope)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"otel_dra/_generated/k8s/meta.proto\x12\x11otel_dra.k8s.meta\"/\n\x07Unknown\x12\x0b\n\x03raw\x18\x02 \x01(\x0c\x12\x17\n\x0f\x63ontentEncoding\x18\x03 \x01(\t\"5\n\x08ListMeta\x12\x17\n\x0fresourceVersion\x18\x02 \x01(\t\x12\x10\n\x08\x63ontinue\x18\x03 \x01(\t\"D\n\x04List\x12-\n\x08metadata\x18\x01 \x01(\x0b\x32\x1b.otel_dra.k8s.meta.ListMeta\x12\r\n\x05items\x18\x02 \x03(\x0c\"S\n\nObjectMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x0b\n\x03uid\x18\x05 \x01(\t\x12\x17\n\x0fresourceVersion\x18\x06 \x01(\t')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"otel_dra/_generated/k8s/meta.proto\x12\x11otel_dra.k8s.meta\"/\n\x07Unknown\x12\x0b\n\x03raw\x18\x02 \x01(\x0c\x12\x17\n\x0f\x63ontentEncoding\x18\x03 \x01(\t\"5\n\x08ListMeta\x12\x17\n\x0fresourceVersion\x18\x02 \x01(\t\x12\x10\n\x08\x63ontinue\x18\x03 \x01(\t\"D\n\x04List\x12-\n\x08metadata\x18\x01 \x01(\x0b\x32\x1b.otel_dra.k8s.meta.ListMeta\x12\r\n\x05items\x18\x02 \x03(\x0c\"S\n\nObjectMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x0b\n\x03uid\x18\x05 \x01(\t\x12\x17\n\x0fresourceVersion\x18\x06 \x01(\t\"&\n\x04Time\x12\x0f\n\x07seconds\x18\x01 \x01(\x03\x12\r\n\x05nanos\x18\x02 \x01(\x05')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,4 +39,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LIST']._serialized_end=229
   _globals['_OBJECTMETA']._serialized_start=231
   _globals['_OBJECTMETA']._serialized_end=314
+  _globals['_TIME']._serialized_start=316
+  _globals['_TIME']._serialized_end=354
 # @@protoc_insertion_point(module_scope)
