@@ -422,6 +422,14 @@ class Jaeger(Peer):
         data: list[dict[str, Any]] = json.loads(body).get("data") or []
         return data
 
+    def trace(self, trace_id: str) -> dict[str, Any] | None:
+        """``GET /api/traces/<id>``: one trace by its 32 hex digits (None when Jaeger has none)."""
+        status, body = _get(self.url("query", f"/api/traces/{trace_id}"))
+        if status != 200:
+            return None
+        data: list[dict[str, Any]] = json.loads(body).get("data") or []
+        return data[0] if data else None
+
 
 @_fresh_ports_on_clash
 def start_jaeger(jaeger: Path, workdir: Path) -> Jaeger:

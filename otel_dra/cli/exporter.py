@@ -134,6 +134,16 @@ def add_parser(sub: Any) -> None:
         default=True,
         type=boolean,
     )
+    add_flag(
+        p,
+        "--claim-latency",
+        "OTEL_DRA_CLAIM_LATENCY",
+        "measure each claim's allocation and binding-condition waits and its pods' start as histograms "
+        "(otel_dra_claim_*_duration_seconds, otel_dra_pod_startup_duration_seconds); a claim's trace "
+        "(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is emitted either way",
+        default=True,
+        type=boolean,
+    )
     p.set_defaults(func=cmd_exporter)
 
 
@@ -180,6 +190,7 @@ class ExporterApp:
     pusher: Any = None
     # The Kubernetes authorizer of /metrics (--authorization=kubernetes), for its counters.
     authorizer: Any = None
+    tracing: Any = None  # the claims' spans (SpanSinkPipeline)
 
     @property
     def port(self) -> int:
@@ -195,6 +206,8 @@ class ExporterApp:
         self.state.stop()
         if self.pusher is not None:
             self.pusher.shutdown()  # pushes the final state once
+        if self.tracing is not None:
+            self.tracing.shutdown()  # exports what is queued
         self.pipeline.shutdown()
 
 
@@ -212,12 +225,18 @@ def start_exporter(
     families: Any = None,
     watch_pods: bool = True,
     web: WebOptions | None = None,
+    claim_latency: bool = True,
+    span_exporter: Any = None,
 ) -> ExporterApp:
+    """``span_exporter``: replaces the one the ``OTEL_*`` variables configure (tests)."""
     from otel_dra.cluster.exporter import ClusterState
+    from otel_dra.cluster.lifecycle import SCOPE as LIFECYCLE_SCOPE
+    from otel_dra.cluster.lifecycle import ClaimLifecycle
     from otel_dra.kube.client import KubeClient, load_credentials
     from otel_dra.telemetry.http import MetricsServer
     from otel_dra.telemetry.priority import ScrapePriority
     from otel_dra.telemetry.provider import build_metrics_pipeline
+    from otel_dra.telemetry.tracing import build_span_sink
 
     credentials = load_credentials(kubeconfig)
     log.info("using Kubernetes credentials from %s (server %s)", credentials.source, credentials.host)
@@ -228,6 +247,19 @@ def start_exporter(
     )
     if pipeline.otlp is not None:
         log.info("pushing metrics over OTLP (%s) to %s", pipeline.otlp.protocol, pipeline.otlp.endpoint)
+    tracing = build_span_sink(
+        service_name="otel-dra-exporter",
+        scope=LIFECYCLE_SCOPE,
+        version=__version__,
+        meter_provider=pipeline.meter_provider,
+        exporter=span_exporter,
+    )
+    lifecycle = None
+    if tracing.sink is not None or claim_latency:
+        lifecycle = ClaimLifecycle(pipeline.meter_provider, tracing.sink, tracing.sampler)
+    if tracing.sink is not None:
+        where = tracing.otlp.endpoint if tracing.otlp is not None else "the configured exporter"
+        log.info("tracing each claim's life to %s (sampler %s)", where, tracing.sampler.get_description())
     client = KubeClient(credentials, user_agent=f"otel-dra-exporter/{__version__}")
     state = ClusterState(
         client,
@@ -238,6 +270,7 @@ def start_exporter(
         shard=shard,
         leak_grace=leak_grace,
         pods=watch_pods,
+        lifecycle=lifecycle,
         **({"device_attributes": device_attributes} if device_attributes is not None else {}),
         **({"families": families} if families is not None else {}),
     )
@@ -260,7 +293,7 @@ def start_exporter(
         server.port,
         describe(access),
     )
-    return ExporterApp(server, state, pipeline, pusher, access.authorizer)
+    return ExporterApp(server, state, pipeline, pusher, access.authorizer, tracing)
 
 
 def _log_served_families(state: Any, families: Any) -> None:
@@ -351,6 +384,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
             families=families,
             watch_pods=args.watch_pods,
             web=web,
+            claim_latency=args.claim_latency,
         )
     except (CredentialsError, ConfigError) as exc:
         log.error("%s", exc)

@@ -16,6 +16,7 @@ from otel_dra import __version__
 from otel_dra.cluster import deviceclass, devicetaintrule, joined_families, pod, resourceclaim, resourceslice
 from otel_dra.cluster.families import Family
 from otel_dra.cluster.joins import Joins
+from otel_dra.cluster.lifecycle import ClaimLifecycle, listeners
 from otel_dra.cluster.resourceslice import DEFAULT_ATTRIBUTES, DeviceAttributes
 from otel_dra.cluster.selection import EVERYTHING, FamilySelection
 from otel_dra.cluster.sharding import Shard
@@ -151,8 +152,12 @@ class ClusterState:
         leak_grace: float = 600.0,
         families: FamilySelection = EVERYTHING,
         pods: bool = True,
+        lifecycle: ClaimLifecycle | None = None,
     ) -> None:
+        """``lifecycle``: each claim's trace and phase histograms (otel_dra/cluster/lifecycle.py),
+        told of every claim change and of this replica's pods."""
         self._metrics = _SelfMetrics(meter_provider)
+        self.lifecycle = lifecycle
         shard = shard or Shard()
         self.shard = shard
         self.joins = Joins(shard=shard, leak_grace=leak_grace, otlp=otlp, select=families)
@@ -160,6 +165,8 @@ class ClusterState:
         # The slim objects keep only the optional fields that a served family reads.
         serving = [*(f for fs in own.values() for f in families.select(fs)), *self.joins.families]
         keep = {name for f in serving for name in f.fields}
+        if lifecycle is not None:
+            keep |= resourceclaim.LIFECYCLE_FIELDS | pod.START_FIELDS
         # The API server's version decides what a DeviceTaintRule without a device selector matches
         # (every device before v1.37.1, none since), which only the joins' free-device counts use:
         # it is read by the rules' reflector, before its first list and after every reconnect, so
@@ -173,10 +180,11 @@ class ClusterState:
             rtype = watched.resource
             served = families.select(own[rtype.plural])
             joined = rtype.plural in self.joins.reads
-            if not served and not joined:
+            traced = lifecycle is not None and rtype.plural in (resourceclaim.RESOURCE.plural, pod.RESOURCE.plural)
+            if not served and not joined and not traced:
                 log.info("not watching %s: no served family needs them", rtype.plural)
                 continue
-            store = self._store(watched, served, joined, otlp)
+            store = self._store(watched, served, joined, otlp, lifecycle)
             self.stores.append(store)
             self.reflectors.append(
                 Reflector(
@@ -197,6 +205,16 @@ class ClusterState:
         self.classes = by_resource.get(deviceclass.RESOURCE.plural)
         self.taint_rules = by_resource.get(devicetaintrule.RESOURCE.plural)
         self.pods = by_resource.get(pod.RESOURCE.plural)
+        if lifecycle is not None:
+            by_plural = {r.resource.plural: r for r in self.reflectors}
+            claims_reflector, pods_reflector = (
+                by_plural.get(resourceclaim.RESOURCE.plural),
+                by_plural.get(pod.RESOURCE.plural),
+            )
+            if claims_reflector is not None:
+                lifecycle.claims_listed = lambda: claims_reflector.state().has_synced
+            if pods_reflector is not None:
+                lifecycle.pods_listed = lambda: pods_reflector.state().has_synced
         # Everything that renders series: the objects' own, then the joins'.
         self.series_stores: list[SeriesStore[Any]] = [*self.stores, *self.joins.stores]
         self._observe_cache(meter_provider)
@@ -228,20 +246,36 @@ class ClusterState:
         if pods:
             # Pods: their DRA references and device health (kube_pod_*). Optional: without list/watch
             # on pods (RBAC), the exporter logs it once and serves the rest.
-            resources.append(_Watched(pod.RESOURCE, pod.make_parser(keep), shard.owns, None, optional=True))
+            resources.append(_Watched(pod.resource(keep), pod.make_parser(keep), shard.owns, None, optional=True))
         else:
             log.info("not watching pods: --watch-pods is off")
         return resources
 
-    def _store(self, watched: _Watched, served: tuple[Family[Any], ...], joined: bool, otlp: bool) -> ObjectStore[Any]:
-        """The store of a watched resource: its served families, and the joins told of its changes
-        when they read it."""
+    def _store(
+        self,
+        watched: _Watched,
+        served: tuple[Family[Any], ...],
+        joined: bool,
+        otlp: bool,
+        lifecycle: ClaimLifecycle | None,
+    ) -> ObjectStore[Any]:
+        """The store of a watched resource: its served families, and the joins (when they read it)
+        and the claims' traces told of its changes."""
+        plural = watched.resource.plural
+        traced: Listener[Any] | None = None
+        if lifecycle is not None and plural == resourceclaim.RESOURCE.plural:
+            traced = lifecycle.claims_changed  # every shard's claims: a pod's span needs its claim's UID
+        elif lifecycle is not None and plural == pod.RESOURCE.plural:
+            traced = lifecycle.pods_changed
+        joins = watched.listener if joined else None
         return ObjectStore(
-            watched.resource.plural,
+            plural,
             watched.parse,
             served,
             keep=watched.owns,
-            listener=watched.listener if joined else None,
+            listener=listeners(joins, traced),
+            # Other shards' pods matter to nobody here: each pod's span comes from its own shard.
+            listen_to_others=joins is not None or plural != pod.RESOURCE.plural,
             on_problem=self._count_problem,
             otlp=otlp,
         )

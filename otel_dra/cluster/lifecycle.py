@@ -95,8 +95,8 @@ def _labels(claim: Claim) -> dict[str, str]:
     if claim.results:
         first = claim.results[0]
         request = first.request.split("/", 1)[0]
-        return {"driver": first.driver, "device_class": classes.get(first.request, classes.get(request, ""))}
-    return {"driver": "", "device_class": next(iter(classes.values()), "")}
+        return {"driver": first.driver, "deviceclass_name": classes.get(first.request, classes.get(request, ""))}
+    return {"driver": "", "deviceclass_name": next(iter(classes.values()), "")}
 
 
 class ClaimLifecycle:
@@ -463,7 +463,9 @@ def _allocation_time(claim: Claim) -> tuple[float | None, str]:
 
 
 def _span_labels(labels: dict[str, str]) -> dict[str, str]:
-    return {key: value for key, value in ((DRIVER, labels["driver"]), (DEVICE_CLASS, labels["device_class"])) if value}
+    return {
+        key: value for key, value in ((DRIVER, labels["driver"]), (DEVICE_CLASS, labels["deviceclass_name"])) if value
+    }
 
 
 def listeners(*hooks: Callable[[list[Any]], None] | None) -> Callable[[list[Any]], None] | None:

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from opentelemetry.metrics import MeterProvider, Observation
+from opentelemetry.metrics import Counter, MeterProvider, Observation
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -81,6 +81,8 @@ class SpanSink:
         self.dropped = 0
         self.exported = 0
         self.failed = 0
+        self._dropped_counter: Counter | None = None
+        self._exported_counter: Counter | None = None
         if meter_provider is not None:
             meter = meter_provider.get_meter(scope, version)
             self._dropped_counter = meter.create_counter(
@@ -99,8 +101,6 @@ class SpanSink:
                 "{span}",
                 "Spans waiting in the export queue.",
             )
-        else:
-            self._dropped_counter = self._exported_counter = None
 
     def start(self) -> SpanSink:
         if self._thread is None:

@@ -232,7 +232,7 @@ def node_testbed(node_support: Binaries) -> Iterator[tuple[Testbed, Node]]:
 class HostPlugin:
     """``otel-dra plugin`` as a process on the host, in the node's kubelet directories."""
 
-    def __init__(self, testbed: Testbed, node: Node, log: Path, *extra: str) -> None:
+    def __init__(self, testbed: Testbed, node: Node, log: Path, *extra: str, env: dict[str, str] | None = None) -> None:
         self.log = log
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
@@ -246,7 +246,7 @@ class HostPlugin:
                     "--num-devices=2",
                     *extra,
                 ],
-                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
             )  # fmt: skip
 
     def kill(self, sig: signal.Signals = signal.SIGTERM) -> None:
@@ -283,10 +283,12 @@ def _node_slices(client: KubeClient, node: Node) -> list[dict[str, Any]]:
     return [s for s in slices if s["spec"].get("nodeName") == node.name and s["spec"].get("driver") == DRIVER]
 
 
-def _start_plugin(testbed: Testbed, node: Node, plugins: list[HostPlugin], log: Path, *extra: str) -> HostPlugin:
+def _start_plugin(
+    testbed: Testbed, node: Node, plugins: list[HostPlugin], log: Path, *extra: str, env: dict[str, str] | None = None
+) -> HostPlugin:
     """Start the plugin and wait until the kubelet has registered it and it has published."""
     offset = _kubelet_log_size(node)
-    plugin = HostPlugin(testbed, node, log, *extra)
+    plugin = HostPlugin(testbed, node, log, *extra, env=env)
     plugins.append(plugin)
     client = KubeClient(load_credentials(str(testbed.kubeconfig)))
 
@@ -586,3 +588,136 @@ def test_the_dashboard_and_alerts_read_what_the_exporter_plugin_and_kubelet_serv
     client.send_json(
         "PATCH", f"/apis/resource.k8s.io/v1/deviceclasses/{DRIVER}", unpriced, "application/merge-patch+json"
     )
+
+
+# --- one trace per claim ---------------------------------------------------------------------------
+
+
+def _jaeger_spans(trace: dict[str, Any]) -> list[dict[str, Any]]:
+    """A Jaeger trace's spans with their service name and parent span id (None for a root)."""
+    processes = trace["processes"]
+    out = []
+    for span in trace["spans"]:
+        parents = [r["spanID"] for r in span.get("references", []) if r["refType"] == "CHILD_OF"]
+        out.append(
+            {**span, "service": processes[span["processID"]]["serviceName"], "parent": parents[0] if parents else None}
+        )
+    return out
+
+
+def test_a_claims_life_is_one_trace_in_jaeger(
+    node_testbed: tuple[Testbed, Node],
+    host_plugin: list[HostPlugin],
+    start_exporter_app: Any,
+    jaeger: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The exporter (watching) and the plugin (called by the real kubelet, which sends no trace
+    context) put a claim's spans into the one trace its UID names, in Jaeger; a claim that the
+    ratio sampler leaves out leaves no span in either service."""
+    from otel_dra.telemetry import traceids
+    from otel_dra.telemetry.traceids import TraceIdRatio
+
+    testbed, node = node_testbed
+    client = KubeClient(load_credentials(str(testbed.kubeconfig)))
+    env = {
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://{jaeger.otlp_grpc}",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+        "OTEL_TRACES_SAMPLER_ARG": "0.5",
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    _start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log", env=env)
+    exporter = start_exporter_app(str(testbed.kubeconfig))
+    assert exporter.tracing.sink is not None
+    # Claims until one of each: the API server picks the UIDs, the sampler decides by them alone.
+    sampler = TraceIdRatio(0.5)
+    claims: dict[bool, dict[str, Any]] = {}
+    for i in range(20):
+        claim = create(
+            client,
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": f"traced-{i}", "namespace": NAMESPACE},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+            },
+        )
+        sampled = sampler.sampled(uuid_int := int(claim["metadata"]["uid"].replace("-", ""), 16))
+        assert traceids.trace_id_of(claim["metadata"]["uid"]) == uuid_int
+        if sampled in claims:
+            client.send_json("DELETE", f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims/traced-{i}", {})
+            continue
+        claims[sampled] = claim
+        if len(claims) == 2:
+            break
+    assert len(claims) == 2, "twenty UIDs all on one side of a 0.5 ratio"
+    for sampled, claim in claims.items():
+        pod = f"traced-pod-{int(sampled)}"
+        create(
+            client,
+            _pod(
+                pod,
+                [_container("with-gpu", claims=("gpu",))],
+                resourceClaims=[{"name": "gpu", "resourceClaimName": claim["metadata"]["name"]}],
+            ),
+        )
+        _wait_running(client, pod, node)
+        time.sleep(1)  # the exporter sees the pod's containers started
+        client.send_json("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}", {})
+        wait_until(lambda pod=pod: _phase(client, pod) == "Gone", timeout=90, what=f"pod {pod} deleted")
+        client.send_json(
+            "DELETE", f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims/{claim['metadata']['name']}", {}
+        )
+    traced = claims[True]
+    trace_id = traced["metadata"]["uid"].replace("-", "")
+    root = f"{traceids.root_span_id(int(trace_id, 16)):016x}"
+    name = traced["metadata"]["name"]
+    wanted = {
+        ("otel-dra-exporter", f"ResourceClaim {NAMESPACE}/{name}"),
+        ("otel-dra-exporter", "allocation"),
+        ("otel-dra-exporter", "reserved for pod/traced-pod-1"),
+        ("otel-dra-exporter", "consumer pod/traced-pod-1"),
+        ("otel-dra-exporter", "pod traced-pod-1 start"),
+        ("otel-dra-exporter", "deleted"),
+        ("otel-dra-exporter", "lifetime"),
+        ("otel-dra-plugin", "prepare claim"),
+        ("otel-dra-plugin", "unprepare claim"),
+    }
+    spans: list[dict[str, Any]] = []
+
+    def whole() -> bool:
+        nonlocal spans
+        found = jaeger.trace(trace_id)
+        spans = _jaeger_spans(found) if found else []
+        return wanted <= {(s["service"], s["operationName"]) for s in spans}
+
+    try:
+        wait_until(whole, timeout=60, interval=1, what="the claim's whole trace in Jaeger")
+    except AssertionError:
+        raise AssertionError(sorted((s["service"], s["operationName"]) for s in spans)) from None
+    by_name = {s["operationName"]: s for s in spans}
+    assert by_name[f"ResourceClaim {NAMESPACE}/{name}"]["spanID"] == root
+    assert by_name[f"ResourceClaim {NAMESPACE}/{name}"]["parent"] is None
+    for span in spans:
+        if span["operationName"] in {n for _, n in wanted} - {
+            f"ResourceClaim {NAMESPACE}/{name}",
+            "prepare claim",
+            "unprepare claim",
+        }:
+            assert span["parent"] == root, span["operationName"]
+    # The plugin's claim spans: children of the claim's root, with nothing sent by the kubelet.
+    for operation in ("prepare claim", "unprepare claim"):
+        assert by_name[operation]["parent"] == root, operation
+    # In order: allocated, then prepared, then unprepared, then deleted.
+    allocation, prepare, unprepare = by_name["allocation"], by_name["prepare claim"], by_name["unprepare claim"]
+    assert (
+        allocation["startTime"] + allocation["duration"] <= prepare["startTime"] + 1_000_000
+    )  # 1 s: object times are whole seconds
+    assert prepare["startTime"] + prepare["duration"] <= unprepare["startTime"]
+    assert unprepare["startTime"] <= by_name["deleted"]["startTime"] + 1_000_000
+    # The claim the sampler left out: no span anywhere.
+    left_out = claims[False]["metadata"]["uid"].replace("-", "")
+    assert jaeger.trace(left_out) is None

@@ -107,6 +107,25 @@ def test_self_metrics_documented():
     state.record_dropped_points(3)
     for r in state.reflectors:
         r._last_sync_wall = 1.0
+    # The claims' lifecycle: its histograms and its span queue's counters.
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from otel_dra.cluster.lifecycle import ClaimLifecycle
+    from otel_dra.telemetry.spansink import SpanData, SpanSink
+
+    sink = SpanSink(InMemorySpanExporter(), Resource.create({}), "t", "1", meter_provider=provider, max_queue=1)
+    lifecycle = ClaimLifecycle(provider, sink)
+    labels = {"deviceclass_name": "c", "driver": "d"}
+    for histogram, extra in (
+        (lifecycle._allocation_wait, {}),
+        (lifecycle._binding_wait, {"outcome": "satisfied"}),
+        (lifecycle._pod_start, {}),
+    ):
+        lifecycle._record(histogram, 1.0, {**labels, **extra}, 1, False, "x", None)
+    sink.emit(SpanData("s", 1, 1, 0, 0, 1, {}))
+    sink.emit(SpanData("s", 1, 2, 0, 0, 1, {}))  # the queue holds one: dropped
+    sink.flush()
     exported = {
         name: (unit, prom, kind, ", ".join(keys)) for name, (unit, prom, kind, keys) in _exported(reader).items()
     }

@@ -128,7 +128,7 @@ def test_one_trace_from_creation_to_deletion() -> None:
     # The allocation wait, with the allocation span as its exemplar.
     [point] = histogram_points(reader, "otel_dra.claim.allocation.duration")
     assert point.count == 1 and point.sum == 3.0
-    assert dict(point.attributes) == {"driver": "gpu.example.com", "device_class": "gpu.example.com"}
+    assert dict(point.attributes) == {"driver": "gpu.example.com", "deviceclass_name": "gpu.example.com"}
     [exemplar] = point.exemplars
     assert (exemplar.trace_id, exemplar.span_id) == (trace_id, allocation.context.span_id)
 
@@ -151,7 +151,7 @@ def test_binding_conditions_satisfied_and_failed() -> None:
 
 def test_first_list_gives_the_phases_objects_show_and_measures_nothing() -> None:
     uid = str(uuid.uuid4())
-    store, exporter, reader, sink, _ = world()
+    store, exporter, _reader, sink, _ = world()
     store.replace([claim(uid, 1, allocated=T0 + 3, consumers=("p1",))])
     lifecycle_listed_late = spans(exporter, sink)
     # The store's listener is called for the list as for a watch; only ClusterState tells the
