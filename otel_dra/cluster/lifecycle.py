@@ -89,14 +89,14 @@ def _ns(seconds: float) -> int:
     return int(seconds * 1e9)
 
 
-def _labels(claim: Claim) -> dict[str, str]:
+def _label_values(claim: Claim) -> tuple[str, str]:
     """driver and device class of the claim's first result (or first request while pending)."""
     classes = dict(claim.request_classes)
     if claim.results:
         first = claim.results[0]
         request = first.request.split("/", 1)[0]
-        return {"driver": first.driver, "deviceclass_name": classes.get(first.request, classes.get(request, ""))}
-    return {"driver": "", "deviceclass_name": next(iter(classes.values()), "")}
+        return first.driver, classes.get(first.request, classes.get(request, ""))
+    return "", next(iter(classes.values()), "")
 
 
 class ClaimLifecycle:
@@ -119,6 +119,7 @@ class ClaimLifecycle:
         self._clock = clock
         self._seen: dict[str, _Seen] = {}  # owned claims, by namespace/name
         self._uids: dict[str, tuple[int, bool, dict[str, str]]] = {}  # every claim: trace id, sampled, labels
+        self._label_sets: dict[tuple[str, str], dict[str, str]] = {}
         self.claims_listed: Callable[[], bool] = lambda: True
         self.pods_listed: Callable[[], bool] = lambda: True
         meter = meter_provider.get_meter(SCOPE, __version__)
@@ -140,6 +141,16 @@ class ClaimLifecycle:
             "Seconds from a pod with ResourceClaims being scheduled to its containers all started, by the "
             "driver and device class of its first claim.",
         )
+
+    def _labels(self, claim: Claim) -> dict[str, str]:
+        """The claim's histogram labels, one shared (never mutated) dict per driver and class:
+        every claim is remembered with its labels, and 10^5 copies of a few distinct dicts would
+        cost ~20 MB."""
+        values = _label_values(claim)
+        labels = self._label_sets.get(values)
+        if labels is None:
+            labels = self._label_sets[values] = {"driver": values[0], "deviceclass_name": values[1]}
+        return labels
 
     @property
     def tracing(self) -> bool:
@@ -167,7 +178,7 @@ class ClaimLifecycle:
                     sampled = self._sampler is not None and traceids.decides_root(self._sampler, trace_id, "claim")
                 else:
                     sampled = known[1]
-                self._uids[key] = (trace_id, sampled, _labels(new))
+                self._uids[key] = (trace_id, sampled, self._labels(new))
                 if owned:
                     self._claim(key, new, trace_id, sampled, live)
                 else:
@@ -180,7 +191,7 @@ class ClaimLifecycle:
         seen = self._seen.get(key)
         if seen is not None and seen.trace_id != trace_id:  # the name was reused by a new claim
             seen = None
-        labels = _labels(claim)
+        labels = self._labels(claim)
         attrs = {NAMESPACE: claim.namespace, CLAIM_NAME: claim.name, CLAIM_UID: claim.uid, **_span_labels(labels)}
         created = claim.created
         if seen is None:

@@ -197,3 +197,69 @@ def test_full_queue_drops_and_counts() -> None:
     assert sink.dropped == 3
     sink.flush()
     assert len(exporter.get_finished_spans()) == 2 and sink.exported == 2
+
+
+def _started_pod(name: str, claim_name: str, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"namespace": "ns", "name": name, "uid": uid, "resourceVersion": "1"},
+        "spec": {
+            "nodeName": "n1",
+            "containers": [{"name": "c", "resources": {"claims": [{"name": "gpu"}]}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
+        },
+        "status": {
+            "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": _iso(T0 + 5)}],
+            "containerStatuses": [{"name": "c", "state": {"running": {"startedAt": _iso(T0 + 12)}}}],
+        },
+    }
+
+
+def test_with_shards_each_claims_and_each_pods_spans_come_from_one_shard() -> None:
+    """Two shards watch the same claims and pods: every claim's spans are emitted once, by the shard
+    owning the claim, and every pod's start once, by the shard owning the pod, into its claim's
+    trace even where another shard owns the claim."""
+    from otel_dra.cluster import pod
+    from otel_dra.cluster.sharding import Shard
+
+    claims, pods = [], []
+    for i in range(40):
+        c = claim(str(uuid.uuid4()), 1, allocated=T0 + 3, consumers=(f"p{i}",))
+        c["metadata"]["name"] = f"c{i}"
+        claims.append(c)
+        pods.append(_started_pod(f"p{i}", f"c{i}", str(uuid.uuid4())))
+    exporter = InMemorySpanExporter()
+    sink = SpanSink(exporter, Resource.create({}), "test", "1")
+    for index in range(2):
+        shard = Shard(index, 2)
+        lifecycle = ClaimLifecycle(MeterProvider(), sink, TraceIdRatio(1.0), clock=lambda: T0 + 100)
+        parse = resourceclaim.make_parser(resourceclaim.FIELDS | resourceclaim.LIFECYCLE_FIELDS)
+        claim_store: ObjectStore[Any] = ObjectStore(
+            "resourceclaims", parse, (), keep=shard.owns, listener=lifecycle.claims_changed
+        )
+        pod_store: ObjectStore[Any] = ObjectStore(
+            "pods",
+            pod.make_parser(pod.FIELDS | pod.START_FIELDS),
+            (),
+            keep=shard.owns,
+            listener=lifecycle.pods_changed,
+            listen_to_others=False,
+        )
+        claim_store.replace(claims)
+        pod_store.replace(pods)
+    sink.flush()
+    got = exporter.get_finished_spans()
+    owners = {c["metadata"]["name"]: Shard(0, 2).owns(c) for c in claims}
+    assert 0 < sum(owners.values()) < len(claims)  # both shards own some
+    for i, c in enumerate(claims):
+        trace_id = uuid.UUID(c["metadata"]["uid"]).int
+        in_trace = sorted(s.name for s in got if s.context.trace_id == trace_id)
+        assert in_trace == sorted(
+            [f"ResourceClaim ns/c{i}", "allocation", f"reserved for pod/p{i}", f"pod p{i} start"]
+        ), in_trace
+        [start] = [s for s in got if s.name == f"pod p{i} start"]
+        assert start.parent is not None and start.parent.span_id == traceids.root_span_id(trace_id)
+        assert (start.start_time, start.end_time) == (int((T0 + 5) * 1e9), int((T0 + 12) * 1e9))
+    # Pods whose claim another shard owns are among them.
+    assert any(Shard(0, 2).owns(p) != owners[f"c{i}"] for i, p in enumerate(pods))
