@@ -258,6 +258,8 @@ def start_exporter(
     if tracing.sink is not None or claim_latency:
         lifecycle = ClaimLifecycle(pipeline.meter_provider, tracing.sink, tracing.sampler)
     if tracing.sink is not None:
+        assert lifecycle is not None
+        tracing.sink.backfill_from(lifecycle.backfill)  # what the first list shows, paced
         where = tracing.otlp.endpoint if tracing.otlp is not None else "the configured exporter"
         log.info("tracing each claim's life to %s (sampler %s)", where, tracing.sampler.get_description())
     client = KubeClient(credentials, user_agent=f"otel-dra-exporter/{__version__}")

@@ -22,7 +22,8 @@ Every span says where its times come from (``otel_dra.span.time_source``: ``obje
 object's own timestamps, ``observed`` for when the exporter saw the change). Span ids are derived
 from the trace id and the span's name (and the time that makes it unique), so a phase emitted again
 (after a restart: claims that already exist get the phases their objects still show) has the same
-id. With shards, each claim's spans come from the shard that owns the claim, each pod's from the
+id. Those first-list spans are not queued as the list arrives but handed to the span worker later
+(:meth:`ClaimLifecycle.backfill`), paced, from the slim objects as listed. With shards, each claim's spans come from the shard that owns the claim, each pod's from the
 shard that owns the pod. The sampler decides by trace id, so a claim is traced in every process or
 in none.
 
@@ -39,10 +40,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from opentelemetry.metrics import Histogram, MeterProvider
+from opentelemetry.metrics import Histogram, MeterProvider, Observation
 from opentelemetry.sdk.trace.sampling import Sampler
 from opentelemetry.trace import SpanContext, TraceFlags
 
@@ -120,6 +122,9 @@ class ClaimLifecycle:
         self._seen: dict[str, _Seen] = {}  # owned claims, by namespace/name
         self._uids: dict[str, tuple[int, bool, dict[str, str]]] = {}  # every claim: trace id, sampled, labels
         self._label_sets: dict[tuple[str, str], dict[str, str]] = {}
+        # Claims first seen in the first list whose spans wait for backfill(): the slim object as
+        # listed (shared with the store until it changes) and its trace id.
+        self._backfill: deque[tuple[Claim, int]] = deque()
         self.claims_listed: Callable[[], bool] = lambda: True
         self.pods_listed: Callable[[], bool] = lambda: True
         meter = meter_provider.get_meter(SCOPE, __version__)
@@ -136,6 +141,14 @@ class ClaimLifecycle:
             "Seconds from an allocation to its devices' binding conditions all satisfied, or one failed "
             "(outcome), by driver and device class.",
         )
+        if sink is not None:
+            meter.create_observable_gauge(
+                "otel_dra.tracing.backfill.claims",
+                [lambda _options: [Observation(len(self._backfill))]],
+                "{claim}",
+                "Claims of the first list whose spans (root and the phases the objects show) wait to be "
+                "exported; the span worker takes them at a paced rate while it has nothing newer.",
+            )
         self._pod_start = histogram(
             "otel_dra.pod.startup.duration",
             "Seconds from a pod with ResourceClaims being scheduled to its containers all started, by the "
@@ -187,26 +200,67 @@ class ClaimLifecycle:
                 log.exception("tracing claim %s failed", key)
 
     def _claim(self, key: str, claim: Claim, trace_id: int, sampled: bool, live: bool) -> None:
-        now = self._clock()
         seen = self._seen.get(key)
         if seen is not None and seen.trace_id != trace_id:  # the name was reused by a new claim
             seen = None
+        if seen is None and not live:
+            # First seen in the first list: what the object shows is emitted later, by backfill(),
+            # at the span worker's spare pace (at 10^5 claims, a root and an allocation each would
+            # overflow the queue and compete with the list for the GIL).
+            self._seen[key] = self._advance(claim, None, trace_id, sampled, live, None)
+            if sampled and self._sink is not None:
+                self._backfill.append((claim, trace_id))
+            return
+        spans: list[SpanData] = []
+        self._seen[key] = self._advance(claim, seen, trace_id, sampled, live, spans)
+        for span in spans:
+            self._sink_emit(span)
+
+    def backfill(self, limit: int) -> list[SpanData]:
+        """Up to ``limit`` spans of claims first seen in the first list (their root and the phases
+        their objects showed then), once that list is done: the span worker asks for them while it
+        has nothing else to export (``SpanSink.backfill``)."""
+        if not self.claims_listed():
+            return []
+        out: list[SpanData] = []
+        while self._backfill and len(out) < limit:
+            claim, trace_id = self._backfill.popleft()
+            try:
+                self._advance(claim, None, trace_id, True, False, out)
+            except Exception:
+                log.exception("tracing claim %s failed", claim.key)
+        return out
+
+    def _advance(
+        self, claim: Claim, seen: _Seen | None, trace_id: int, sampled: bool, live: bool, spans: list[SpanData] | None
+    ) -> _Seen:
+        """What ``claim`` shows beyond ``seen`` (None: first sight): the state to remember, the
+        spans of the phases that ended into ``spans`` (None: make none), and, when ``live``, the
+        waits into the histograms."""
+        now = self._clock()
         labels = self._labels(claim)
         attrs = {NAMESPACE: claim.namespace, CLAIM_NAME: claim.name, CLAIM_UID: claim.uid, **_span_labels(labels)}
+        root = traceids.root_span_id(trace_id)
+        out = spans if sampled and self._sink is not None else None
         created = claim.created
         if seen is None:
             if created is not None:
-                self._emit(
-                    sampled,
+                _add(
+                    out,
                     f"ResourceClaim {claim.key}",
                     trace_id,
-                    traceids.root_span_id(trace_id),
+                    root,
                     0,
                     created,
                     created,
                     {**attrs, TIME_SOURCE: OBJECT},
                 )
             seen = _Seen(trace_id, sampled, created, None, False, ())
+            # Reserved before the first list: when is unknown, so no "reserved for" instant (the
+            # consumer's span starts when the exporter first saw it, marked observed).
+            announce = live
+        else:
+            announce = True
         allocated, binding_done, consumers = seen.allocated, seen.binding_done, seen.consumers
         # Allocation.
         if claim.has_allocation and allocated is None:
@@ -214,16 +268,16 @@ class ClaimLifecycle:
             if at is None and not live:
                 # Allocated before the exporter started, at a time the object does not show: no span.
                 allocated = now
-            elif at is not None or live:
+            else:
                 at, source = (at, source) if at is not None else (now, OBSERVED)
                 allocated = at
                 start = created if created is not None else at
-                self._emit(
-                    sampled,
+                _add(
+                    out,
                     "allocation",
                     trace_id,
                     traceids.named_span_id(trace_id, f"allocation@{at}"),
-                    traceids.root_span_id(trace_id),
+                    root,
                     start,
                     at,
                     {**attrs, TIME_SOURCE: source},
@@ -234,10 +288,10 @@ class ClaimLifecycle:
             allocated, binding_done = None, False  # deallocated (a failed binding): a new allocation follows
         # Binding conditions of the current allocation.
         if allocated is not None and not binding_done:
-            binding_done = self._binding(claim, attrs, labels, trace_id, sampled, allocated, live)
+            binding_done = self._binding(claim, attrs, labels, trace_id, sampled, allocated, live, out)
         # Consumers.
-        consumers = self._consumers(claim, consumers, attrs, trace_id, sampled, now)
-        self._seen[claim.key] = _Seen(trace_id, sampled, created, allocated, binding_done, consumers)
+        consumers = self._consumers(claim, consumers, attrs, trace_id, now, announce, out)
+        return _Seen(trace_id, sampled, created, allocated, binding_done, consumers)
 
     def _binding(
         self,
@@ -248,6 +302,7 @@ class ClaimLifecycle:
         sampled: bool,
         allocated: float,
         live: bool,
+        out: list[SpanData] | None,
     ) -> bool:
         if not claim.binding:
             return True
@@ -260,8 +315,8 @@ class ClaimLifecycle:
             return False
         times = [b.since for b in claim.binding if b.state == outcome and b.since is not None]
         end, source = (max(times), OBJECT) if times else (self._clock(), OBSERVED)
-        self._emit(
-            sampled,
+        _add(
+            out,
             "binding conditions",
             trace_id,
             traceids.named_span_id(trace_id, f"binding@{allocated}"),
@@ -289,8 +344,9 @@ class ClaimLifecycle:
         before: tuple[tuple[str, str, float], ...],
         attrs: dict[str, Any],
         trace_id: int,
-        sampled: bool,
         now: float,
+        announce: bool,
+        out: list[SpanData] | None,
     ) -> tuple[tuple[str, str, float], ...]:
         current = set(claim.consumers)
         if current == {(k, n) for k, n, _ in before}:
@@ -301,8 +357,8 @@ class ClaimLifecycle:
             if (kind, name) in current:
                 kept.append((kind, name, since))
                 continue
-            self._emit(
-                sampled,
+            _add(
+                out,
                 f"consumer {kind}/{name}",
                 trace_id,
                 traceids.named_span_id(trace_id, f"consumer {kind}/{name}@{since}"),
@@ -315,16 +371,17 @@ class ClaimLifecycle:
         for kind, name in claim.consumers:
             if (kind, name) in had:
                 continue
-            self._emit(
-                sampled,
-                f"reserved for {kind}/{name}",
-                trace_id,
-                traceids.named_span_id(trace_id, f"reserved {kind}/{name}@{now}"),
-                root,
-                now,
-                now,
-                {**attrs, CONSUMER: f"{kind}/{name}", TIME_SOURCE: OBSERVED},
-            )
+            if announce:
+                _add(
+                    out,
+                    f"reserved for {kind}/{name}",
+                    trace_id,
+                    traceids.named_span_id(trace_id, f"reserved {kind}/{name}@{now}"),
+                    root,
+                    now,
+                    now,
+                    {**attrs, CONSUMER: f"{kind}/{name}", TIME_SOURCE: OBSERVED},
+                )
             kept.append((kind, name, now))
         return tuple(kept)
 
@@ -440,6 +497,10 @@ class ClaimLifecycle:
             SpanData(name, trace_id, span_id, parent, _ns(start), _ns(max(end, start)), attributes, error=error)
         )
 
+    def _sink_emit(self, span: SpanData) -> None:
+        if self._sink is not None:
+            self._sink.emit(span)
+
     def _record(
         self,
         histogram: Histogram,
@@ -463,6 +524,22 @@ class ClaimLifecycle:
             )
             context = traceids.parent_context(span)
         histogram.record(seconds, labels, context=context)
+
+
+def _add(
+    out: list[SpanData] | None,
+    name: str,
+    trace_id: int,
+    span_id: int,
+    parent: int,
+    start: float,
+    end: float,
+    attributes: dict[str, Any],
+    error: str | None = None,
+) -> None:
+    """A finished span into ``out`` (None: spans are not wanted)."""
+    if out is not None:
+        out.append(SpanData(name, trace_id, span_id, parent, _ns(start), _ns(max(end, start)), attributes, error=error))
 
 
 def _allocation_time(claim: Claim) -> tuple[float | None, str]:

@@ -11,6 +11,10 @@ span exporter the ``OTEL_*`` variables configured. A full queue drops the newest
 it (``otel_dra.tracing.spans.dropped``); what the exporter refused is counted by result in
 ``otel_dra.tracing.spans.exported``.
 
+A backlog that must not be dropped (the spans of everything a first list showed) is not queued:
+the worker pulls it from a source (:meth:`SpanSink.backfill_from`) while the queue is empty, paced,
+so it never crowds out live spans nor takes the process's GIL for long.
+
 Sampling is the caller's: a span is handed over only when its trace is sampled (the caller decides
 by trace id, see :mod:`otel_dra.telemetry.traceids`). Nothing here knows what is traced.
 """
@@ -20,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from opentelemetry.metrics import Counter, MeterProvider, Observation
@@ -35,6 +39,9 @@ log = logging.getLogger(__name__)
 MAX_QUEUE = 65536  # spans: ~20 MB of tuples at the most; a burst beyond it is dropped and counted
 BATCH = 512
 INTERVAL_S = 1.0  # the longest a span waits for its batch
+# Spans per second taken from a backfill source (see backfill_from): ~0.2 of a core to encode, so
+# a backlog of 10^5 claims neither starves scrapes of the GIL nor floods the backend.
+BACKFILL_RATE = 5000.0
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 
@@ -78,6 +85,8 @@ class SpanSink:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # one export at a time (worker, flush)
+        self._backfill: Callable[[int], list[SpanData]] | None = None
+        self._backfill_rate = BACKFILL_RATE
         self.dropped = 0
         self.exported = 0
         self.failed = 0
@@ -107,6 +116,14 @@ class SpanSink:
             self._thread = threading.Thread(target=self._run, name="otel-dra-span-sink", daemon=True)
             self._thread.start()
         return self
+
+    def backfill_from(self, source: Callable[[int], list[SpanData]], rate: float = BACKFILL_RATE) -> None:
+        """``source(n)`` gives up to n spans of a backlog (e.g. what a first list showed); the worker
+        asks it while the queue is empty, at most ``rate`` spans a second. Such spans are never
+        dropped: they wait in the source until the queue has room."""
+        self._backfill = source
+        self._backfill_rate = rate
+        self._wake.set()
 
     def emit(self, span: SpanData) -> None:
         """Queue a finished span; never blocks. A full queue drops it (counted)."""
@@ -139,11 +156,24 @@ class SpanSink:
 
     # --- the worker --------------------------------------------------------------------------
     def _run(self) -> None:
+        wait = self._interval
         while not self._stop.is_set():
-            self._wake.wait(self._interval)
+            self._wake.wait(wait)
             self._wake.clear()
             while self._queue and not self._stop.is_set():
                 self._export_batch()
+            wait = self._interval
+            source = self._backfill
+            if source is not None and not self._stop.is_set():
+                try:
+                    spans = source(self._batch)
+                except Exception:  # the source's failure must not stop the worker
+                    log.exception("the span backfill failed")
+                    spans = []
+                if spans:
+                    with self._lock:
+                        self._export([self._readable(data) for data in spans])
+                    wait = len(spans) / self._backfill_rate  # paced; the live queue still goes first
 
     def _export_batch(self) -> None:
         with self._lock:
@@ -155,20 +185,23 @@ class SpanSink:
                 except IndexError:  # flush and the worker raced for the last one
                     break
                 spans.append(self._readable(data))
-            if not spans:
-                return
-            try:
-                result = self._exporter.export(spans)
-            except Exception:  # the exporter's failure must not stop the worker
-                log.exception("exporting %d spans failed", len(spans))
-                result = SpanExportResult.FAILURE
-            ok = result is SpanExportResult.SUCCESS
-            if ok:
-                self.exported += len(spans)
-            else:
-                self.failed += len(spans)
-            if self._exported_counter is not None:
-                self._exported_counter.add(len(spans), {"result": "success" if ok else "failure"})
+            if spans:
+                self._export(spans)
+
+    def _export(self, spans: list[ReadableSpan]) -> None:
+        """Hand one batch to the exporter and count the result (the caller holds the lock)."""
+        try:
+            result = self._exporter.export(spans)
+        except Exception:  # the exporter's failure must not stop the worker
+            log.exception("exporting %d spans failed", len(spans))
+            result = SpanExportResult.FAILURE
+        ok = result is SpanExportResult.SUCCESS
+        if ok:
+            self.exported += len(spans)
+        else:
+            self.failed += len(spans)
+        if self._exported_counter is not None:
+            self._exported_counter.add(len(spans), {"result": "success" if ok else "failure"})
 
     def _readable(self, data: SpanData) -> ReadableSpan:
         parent = (

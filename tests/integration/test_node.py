@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -500,6 +501,10 @@ _NEEDS_AN_EVENT = {
     "rest_client_request_retries_total": "a retried API request",
     "kube_resourceslice_device_taint": "a tainted device",
     "kube_pod_resourceclaim_device_health": "a device whose health the kubelet wrote into pod status",
+    "otel_dra_claim_binding_duration_seconds_count": "a device with binding conditions (DRADeviceBindingConditions)",
+    # The counter exists only with tracing on (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) and appears with its
+    # first add (an OTel counter has no series before).
+    "otel_dra_tracing_spans_dropped_total": "a span dropped because the exporter's span queue was full",
 }
 _METRIC = re.compile(r"\b((?:kube|dra|otel_dra|rest_client|process)_[a-zA-Z0-9_:]*|up)\b")
 
@@ -629,7 +634,8 @@ def test_a_claims_life_is_one_trace_in_jaeger(
     }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    _start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log", env=env)
+    plugin_port = free_port()
+    _start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log", f"--metrics-port={plugin_port}", env=env)
     exporter = start_exporter_app(str(testbed.kubeconfig))
     assert exporter.tracing.sink is not None
     # Claims until one of each: the API server picks the UIDs, the sampler decides by them alone.
@@ -721,3 +727,23 @@ def test_a_claims_life_is_one_trace_in_jaeger(
     # The claim the sampler left out: no span anywhere.
     left_out = claims[False]["metadata"]["uid"].replace("-", "")
     assert jaeger.trace(left_out) is None
+    # The latency histograms point at the traced claim: an OpenMetrics scrape of the exporter (the
+    # allocation wait, the pod's start) and of the plugin (allocation to prepared) carries its trace
+    # id as an exemplar, and never the left-out claim's.
+    for port, histograms in (
+        (exporter.port, ("otel_dra_claim_allocation_duration_seconds", "otel_dra_pod_startup_duration_seconds")),
+        (plugin_port, ("otel_dra_plugin_claim_allocation_to_prepared_seconds",)),
+    ):
+        body = _openmetrics(port)
+        assert f'trace_id="{left_out}"' not in body
+        for histogram in histograms:
+            exemplars = re.findall(rf"^{histogram}_bucket{{[^}}]*}} \S+ # {{([^}}]*)}}", body, re.M)
+            assert any(f'trace_id="{trace_id}"' in e for e in exemplars), (histogram, exemplars)
+
+
+def _openmetrics(port: int) -> str:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return response.read().decode()

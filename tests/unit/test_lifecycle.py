@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -149,20 +150,76 @@ def test_binding_conditions_satisfied_and_failed() -> None:
         assert point.sum == wait and point.attributes["outcome"] == outcome
 
 
-def test_first_list_gives_the_phases_objects_show_and_measures_nothing() -> None:
+def test_first_list_gives_the_phases_objects_show_by_backfill_and_measures_nothing() -> None:
+    uid = str(uuid.uuid4())
+    store, exporter, reader, sink, now = world()
+    lifecycle = store._listener.__self__  # type: ignore[union-attr]
+    listed = [False]
+    lifecycle.claims_listed = lambda: listed[0]
+    store.replace([claim(uid, 1, allocated=T0 + 3, consumers=("p1",))])
+    # Nothing is queued by the list itself, and nothing is handed out before the list is done.
+    assert spans(exporter, sink) == {}
+    assert lifecycle.backfill(100) == []
+    listed[0] = True
+    backfilled = lifecycle.backfill(100)
+    assert lifecycle.backfill(100) == []  # each claim once
+    # The root and the allocation (its time is in the object); the reservation's time is not, so
+    # no "reserved for" instant.
+    assert [s.name for s in backfilled] == ["ResourceClaim ns/c", "allocation"]
+    assert backfilled[1].start_ns == int(T0 * 1e9) and backfilled[1].end_ns == int((T0 + 3) * 1e9)
+    assert histogram_points(reader, "otel_dra.claim.allocation.duration") == []
+    # A release seen live ends the consumer's span, from when the exporter first saw it.
+    now[0] = T0 + 300
+    store.upsert(claim(uid, 2, allocated=T0 + 3))
+    got = spans(exporter, sink)
+    assert set(got) == {"consumer pod/p1"}
+    consumer = got["consumer pod/p1"]
+    assert (consumer.start_time, consumer.end_time) == (int((T0 + 100) * 1e9), int((T0 + 300) * 1e9))
+    assert consumer.attributes["otel_dra.span.time_source"] == "observed"
+
+
+def test_a_claim_that_changes_before_its_backfill_gets_no_phase_twice() -> None:
     uid = str(uuid.uuid4())
     store, exporter, _reader, sink, _ = world()
-    store.replace([claim(uid, 1, allocated=T0 + 3, consumers=("p1",))])
-    lifecycle_listed_late = spans(exporter, sink)
-    # The store's listener is called for the list as for a watch; only ClusterState tells the
-    # lifecycle whether the first list is done, so here every change counts as live.
-    assert {"ResourceClaim ns/c", "allocation", "reserved for pod/p1"} <= set(lifecycle_listed_late)
-    store2, exporter2, reader2, sink2, _ = world()
-    lifecycle = store2._listener.__self__  # type: ignore[union-attr]
-    lifecycle.claims_listed = lambda: False
-    store2.replace([claim(uid, 1, allocated=T0 + 3)])
-    assert "allocation" in spans(exporter2, sink2)
-    assert histogram_points(reader2, "otel_dra.claim.allocation.duration") == []
+    lifecycle = store._listener.__self__  # type: ignore[union-attr]
+    listed = [False]
+    lifecycle.claims_listed = lambda: listed[0]
+    store.replace([claim(uid, 1)])  # pending in the first list
+    listed[0] = True
+    store.upsert(claim(uid, 2, allocated=T0 + 3))  # allocated, seen live
+    live = spans(exporter, sink)
+    assert set(live) == {"allocation"}
+    # The backfill gives what the list showed: the root, not the allocation again.
+    assert [s.name for s in lifecycle.backfill(100)] == ["ResourceClaim ns/c"]
+
+
+def test_the_sink_takes_a_backfill_while_its_queue_is_empty_and_drops_none_of_it() -> None:
+    from otel_dra.telemetry.spansink import SpanData
+
+    exporter = InMemorySpanExporter()
+    sink = SpanSink(exporter, Resource.create({}), "t", "1", max_queue=4, batch=4, interval=0.05)
+    backlog = [SpanData("old", 1, i + 1, 0, 0, 1, {}) for i in range(40)]
+    asked: list[int] = []
+
+    def source(limit: int) -> list[SpanData]:
+        asked.append(limit)
+        taken = backlog[:limit]
+        del backlog[:limit]
+        return taken
+
+    sink.backfill_from(source, rate=400.0)  # 4 spans per 10 ms
+    sink.emit(SpanData("live", 2, 1, 0, 0, 1, {}))
+    sink.start()
+    try:
+        wait_for = time.monotonic() + 10
+        while (backlog or len(exporter.get_finished_spans()) < 41) and time.monotonic() < wait_for:
+            time.sleep(0.01)
+    finally:
+        sink.shutdown()
+    names = [s.name for s in exporter.get_finished_spans()]
+    assert names[0] == "live" and names.count("old") == 40
+    assert sink.dropped == 0 and sink.exported == 41
+    assert set(asked) == {4}
 
 
 def test_sampled_out_claim_leaves_no_span_and_no_exemplar() -> None:
