@@ -23,9 +23,9 @@ object's own timestamps, ``observed`` for when the exporter saw the change). Spa
 from the trace id and the span's name (and the time that makes it unique), so a phase emitted again
 (after a restart: claims that already exist get the phases their objects still show) has the same
 id. Those first-list spans are not queued as the list arrives but handed to the span worker later
-(:meth:`ClaimLifecycle.backfill`), paced, from the slim objects as listed. With shards, each claim's spans come from the shard that owns the claim, each pod's from the
-shard that owns the pod. The sampler decides by trace id, so a claim is traced in every process or
-in none.
+(:meth:`ClaimLifecycle.backfill`), paced, from the slim objects as listed. With shards, each
+claim's spans come from the shard that owns the claim, each pod's from the shard that owns the pod.
+The sampler decides by trace id, so a claim is traced in every process or in none.
 
 Histograms (docs/metrics.md): allocation wait, binding-condition wait and pod start, by driver and
 device class, each measurement carrying the claim's trace as its exemplar when it is sampled. Only
