@@ -14,8 +14,8 @@ process against the same objects:
 - ``on``: tracing on, every claim sampled (ratio 1.0), the spans sent over OTLP/HTTP to
   bench/sink.py (its own process: receiving costs the exporter nothing).
 
-For each: initial sync (process start → /readyz), the backlog of spans the first list made (a root
-per claim) until the export queue is empty again, then ``--rate`` claim status changes per second
+For each: initial sync (process start → /readyz), the backfill of what the first list showed (a
+root per claim and the allocations the objects show, paced) until none is left, then ``--rate`` claim status changes per second
 (bench/churn.py ``reserve``: each replaces a claim's reserving pod, two spans when traced) for
 ``--churn-seconds``; meanwhile curl scrapes, plain and gzip, the exporter's CPU per second of churn
 and its RSS; at the end the spans exported and dropped (self-metrics) and what the sink received.
@@ -91,10 +91,13 @@ def run_variant(
         r["initial_sync_s"] = round(ex.wait_ready(), 2)
         r["rss_ready_mib"] = proc_sample(ex.proc.pid)["rss_mib"]
         if name == "on":
-            # The first list's spans (a root per claim, allocations the objects show): until the
-            # queue is empty, or a minute.
+            # The first list's spans (a root per claim, allocations the objects show), backfilled
+            # at a paced rate: until none is left, or five minutes.
             start = time.monotonic()
-            while metric(ex.port, "otel_dra_tracing_queue_spans") > 0 and time.monotonic() - start < 60:
+            while time.monotonic() - start < 300 and (
+                metric(ex.port, "otel_dra_tracing_backfill_claims") > 0
+                or metric(ex.port, "otel_dra_tracing_queue_spans") > 0
+            ):
                 time.sleep(0.5)
             r["backlog_drained_s"] = round(time.monotonic() - start, 1)
             r["backlog_exported"] = metric(ex.port, "otel_dra_tracing_spans_exported_total", 'result="success"')
