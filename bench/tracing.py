@@ -15,10 +15,11 @@ process against the same objects:
   bench/sink.py (its own process: receiving costs the exporter nothing).
 
 For each: initial sync (process start → /readyz), the backfill of what the first list showed (a
-root per claim and the allocations the objects show, paced) until none is left, then ``--rate`` claim status changes per second
-(bench/churn.py ``reserve``: each replaces a claim's reserving pod, two spans when traced) for
-``--churn-seconds``; meanwhile curl scrapes, plain and gzip, the exporter's CPU per second of churn
-and its RSS; at the end the spans exported and dropped (self-metrics) and what the sink received.
+root per claim and the allocations the objects show, paced) until none is left, then ``--rate``
+claim status changes per second (bench/churn.py ``reserve``: each replaces a claim's reserving pod,
+two spans when traced) for ``--churn-seconds``; meanwhile curl scrapes, plain and gzip, the
+exporter's CPU per second of churn and its RSS; at the end the spans exported and dropped (self-
+metrics) and what the sink received.
 """
 
 from __future__ import annotations
