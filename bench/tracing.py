@@ -96,7 +96,7 @@ def run_variant(
             # at a paced rate: until none is left, or five minutes.
             start = time.monotonic()
             while time.monotonic() - start < 300 and (
-                metric(ex.port, "otel_dra_tracing_backfill_claims") > 0
+                metric(ex.port, "otel_dra_tracing_backfill_objects") > 0
                 or metric(ex.port, "otel_dra_tracing_queue_spans") > 0
             ):
                 time.sleep(0.5)
@@ -165,12 +165,11 @@ def summarize(rounds: list[list[dict[str, Any]]]) -> dict[str, Any]:
             "rss_mib": med(name, "rss_mib"),
             "initial_sync_s": med(name, "initial_sync_s"),
         }
-    for name in by:
-        for base in ("off", "latency"):
-            if name != base and base in by:
-                out[f"{name}_vs_{base}"] = {
-                    key: round(out[name][key] / out[base][key], 3) for key in out[name] if out[base][key]
-                }
+    for name, base in (("latency", "off"), ("on", "off"), ("on", "latency")):
+        if name in by and base in by:
+            out[f"{name}_vs_{base}"] = {
+                key: round(out[name][key] / out[base][key], 3) for key in out[name] if out[base][key]
+            }
     return out
 
 

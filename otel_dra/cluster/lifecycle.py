@@ -125,6 +125,7 @@ class ClaimLifecycle:
         # Claims first seen in the first list whose spans wait for backfill(): the slim object as
         # listed (shared with the store until it changes) and its trace id.
         self._backfill: deque[tuple[Claim, int]] = deque()
+        self._pod_backfill: deque[Pod] = deque()  # pods found started in the first list
         self.claims_listed: Callable[[], bool] = lambda: True
         self.pods_listed: Callable[[], bool] = lambda: True
         meter = meter_provider.get_meter(SCOPE, __version__)
@@ -143,11 +144,12 @@ class ClaimLifecycle:
         )
         if sink is not None:
             meter.create_observable_gauge(
-                "otel_dra.tracing.backfill.claims",
-                [lambda _options: [Observation(len(self._backfill))]],
-                "{claim}",
-                "Claims of the first list whose spans (root and the phases the objects show) wait to be "
-                "exported; the span worker takes them at a paced rate while it has nothing newer.",
+                "otel_dra.tracing.backfill.objects",
+                [lambda _options: [Observation(len(self._backfill) + len(self._pod_backfill))]],
+                "{object}",
+                "Claims and pods of the first lists whose spans (a claim's root and the phases its object "
+                "shows, a pod's start) wait to be exported; the span worker takes them at a paced rate "
+                "while it has nothing newer.",
             )
         self._pod_start = histogram(
             "otel_dra.pod.startup.duration",
@@ -229,6 +231,13 @@ class ClaimLifecycle:
                 self._advance(claim, None, trace_id, True, False, out)
             except Exception:
                 log.exception("tracing claim %s failed", claim.key)
+        # Pods after claims: a pod's span goes into its claim's trace, known once claims are listed.
+        while self._pod_backfill and len(out) < limit and self.pods_listed():
+            pod = self._pod_backfill.popleft()
+            try:
+                self._pod_started(pod, False, out)
+            except Exception:
+                log.exception("tracing pod %s/%s failed", pod.namespace, pod.name)
         return out
 
     def _advance(
@@ -432,12 +441,22 @@ class ClaimLifecycle:
                 continue
             if old is not None and old.started_at is not None:
                 continue  # its start was seen already
+            if not live:
+                # Started before the exporter: its span waits for backfill() (see _claim).
+                if self._sink is not None:
+                    self._pod_backfill.append(new)
+                continue
             try:
-                self._pod_started(new, live)
+                spans: list[SpanData] = []
+                self._pod_started(new, True, spans)
+                for span in spans:
+                    self._sink_emit(span)
             except Exception:
                 log.exception("tracing pod %s failed", key)
 
-    def _pod_started(self, pod: Pod, live: bool) -> None:
+    def _pod_started(self, pod: Pod, live: bool, out: list[SpanData]) -> None:
+        """The pod's start span into ``out`` (in each sampled claim's trace), and when ``live`` its
+        start into the histogram."""
         assert pod.scheduled_at is not None and pod.started_at is not None
         recorded = False
         for ref in pod.claims:
@@ -448,8 +467,8 @@ class ClaimLifecycle:
                 continue
             trace_id, sampled, labels = known
             span_name = f"pod {pod.name} start"
-            self._emit(
-                sampled,
+            _add(
+                out if sampled and self._sink is not None else None,
                 span_name,
                 trace_id,
                 traceids.named_span_id(trace_id, f"{span_name} {pod.uid}"),

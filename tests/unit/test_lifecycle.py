@@ -320,3 +320,23 @@ def test_with_shards_each_claims_and_each_pods_spans_come_from_one_shard() -> No
         assert (start.start_time, start.end_time) == (int((T0 + 5) * 1e9), int((T0 + 12) * 1e9))
     # Pods whose claim another shard owns are among them.
     assert any(Shard(0, 2).owns(p) != owners[f"c{i}"] for i, p in enumerate(pods))
+
+
+def test_pods_started_before_the_first_list_are_backfilled_after_their_claims() -> None:
+    from otel_dra.cluster import pod
+
+    uid = str(uuid.uuid4())
+    store, exporter, reader, sink, _ = world()
+    lifecycle = store._listener.__self__  # type: ignore[union-attr]
+    listed = [False]
+    lifecycle.claims_listed = lifecycle.pods_listed = lambda: listed[0]
+    pods: ObjectStore[Any] = ObjectStore(
+        "pods", pod.make_parser(pod.FIELDS | pod.START_FIELDS), (), listener=lifecycle.pods_changed
+    )
+    pods.replace([_started_pod("p", "c", str(uuid.uuid4()))])
+    store.replace([claim(uid, 1, allocated=T0 + 3, consumers=("p",))])
+    assert spans(exporter, sink) == {}
+    listed[0] = True
+    names = [s.name for s in lifecycle.backfill(100)]
+    assert names == ["ResourceClaim ns/c", "allocation", "pod p start"]
+    assert histogram_points(reader, "otel_dra.pod.startup.duration") == []
