@@ -315,11 +315,28 @@ def test_monitors_rules_networkpolicy_pdb(helm):
         "DRADriverFatalBackgroundErrors",
         "DRADeviceUnhealthyWhileAllocated",
         "DRAPodSeesUnhealthyDevice",
+        "OtelDraTracingSpansDropped",
+        "DRAClaimAllocationSlow",
+        "DRAPodStartupSlow",
+        "DRAClaimBindingFailures",
+        "DRAClaimAllocationToPreparedSlow",
     }
     [device_alert] = [
         r for g in rule["spec"]["groups"] for r in g["rules"] if r.get("alert") == "DRADeviceUnhealthyWhileAllocated"
     ]
     assert device_alert["for"] == "10m"  # prometheusRule.thresholds.unhealthyDeviceMinutes
+    # Every %PLACEHOLDER% of files/alerts.yaml is substituted, and a threshold set is the one used.
+    assert not re.search(r"%[A-Z0-9_]+%", yaml.safe_dump(rule["spec"]))
+    [tuned] = _render_with(
+        helm,
+        "prometheusRule.enabled=true",
+        "prometheusRule.thresholds.claimAllocationP90Seconds=90",
+        "prometheusRule.thresholds.latencyMinSamples=3",
+    )["PrometheusRule"]
+    [allocation] = [
+        r for g in tuned["spec"]["groups"] for r in g["rules"] if r.get("alert") == "DRAClaimAllocationSlow"
+    ]
+    assert allocation["expr"].rstrip().endswith(") > 90") and ">= 3\n" in allocation["expr"]
     [np] = kinds["NetworkPolicy"]
     assert np["spec"]["policyTypes"] == ["Ingress", "Egress"]
     # As the kube-dra-exporter chart: only Prometheus pods of the exporter's own namespace (a peer

@@ -38,10 +38,11 @@ GIB = 1024**3
 # the workload does not produce for long (claims left unreserved: the garbage collector deletes a
 # finished pod's claim within a second).
 # Expressions of failure conditions, empty while the demo is healthy: errors, retries, and unhealthy
-# devices (the demo's simulated devices stay healthy; tests/promtool and test_node_health cover those).
+# devices (the demo's simulated devices stay healthy; tests/promtool and test_node_health cover those),
+# dropped trace spans; and binding conditions, which the demo's devices have none of (tests/promtool).
 MAY_BE_EMPTY = re.compile(
     r'code=~"5\.\."|result="error"|fatal_background_errors|_retries_total|reserved_total\)? == 0|unpriced'
-    r'|health="Unhealthy"'
+    r'|health="Unhealthy"|spans_dropped_total|binding_duration_seconds'
 )
 # The kubelet's own DRA metrics (the dashboard's Kubelet row): the demo's kubelet emulator serves
 # none; tests/integration/test_node.py checks them against a real kubelet of each release.
