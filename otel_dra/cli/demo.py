@@ -7,14 +7,18 @@ serves the cluster state on :8080; and a workload keeps cycling pods that take o
 a ResourceClaimTemplate, so the scheduler allocates, the plugins prepare and unprepare, and every
 counter moves. Ctrl-C stops everything and leaves nothing running.
 
-With ``OTEL_EXPORTER_OTLP_ENDPOINT`` set, the plugins' prepare/unprepare traces (and all metrics)
-are pushed there too, e.g. to a local Jaeger.
+With ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_ENDPOINT``, which sends the
+metrics too) set, each claim's life is one trace there (trace id: the claim's UID without dashes):
+the exporter's lifecycle spans and the plugins' prepare/unprepare. The demo then prints a Jaeger link
+(``--jaeger-ui``) to the first claim allocated and reserved, and keeps that claim's pod running
+until Ctrl-C, so the trace shows a claim in use.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import random
 import signal
@@ -23,17 +27,21 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from otel_dra.cli.exporter import start_exporter
-from otel_dra.cli.flags import add_flag, add_logging_flags, int_in
+from otel_dra.cli.flags import add_flag, add_logging_flags, http_url, int_in
 from otel_dra.cli.kubelet_sim import kubelet_tracer
 from otel_dra.cli.lifecycle import stop_on_signals
 from otel_dra.cli.testbed import add_kubernetes_version_flag
 from otel_dra.kube.client import ApiError, KubeClient
+from otel_dra.telemetry.traceids import decides_root, trace_id_of
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.sampling import Sampler
 
 log = logging.getLogger("otel_dra.demo")
 
@@ -41,6 +49,12 @@ DRIVER = "gpu.example.com"
 NAMESPACE = "demo"
 TEMPLATE = "one-gpu"
 APP_LABEL = "otel-dra-demo"
+JAEGER_UI = "http://127.0.0.1:16686"
+# One line: how to turn the claims' traces on (README, tour step 3, has the Jaeger to send them to).
+TRACING_OFF = (
+    "no OTLP traces endpoint: with OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://127.0.0.1:4318/v1/traces"
+    " (a local Jaeger: README, tour step 3) each claim's life is one trace there"
+)
 
 
 def demo_objects(driver: str = DRIVER) -> list[dict[str, Any]]:
@@ -77,8 +91,69 @@ def workload_pod(index: int) -> dict[str, Any]:
     }
 
 
+def reserving_pod(claim: Mapping[str, Any]) -> str | None:
+    """The name of the first pod in the claim's ``status.reservedFor``."""
+    for consumer in (claim.get("status") or {}).get("reservedFor") or []:
+        if consumer.get("resource") == "pods" and consumer.get("name"):
+            return str(consumer["name"])
+    return None
+
+
+def pick_claim(
+    claims: Iterable[Mapping[str, Any]],
+    *,
+    sampled: Callable[[int], bool] | None = None,
+    pods: Collection[str] | None = None,
+) -> Mapping[str, Any] | None:
+    """The claim to show a trace of: the oldest (then by name) that is allocated, reserved for a
+    pod, not being deleted, has a UID that is a trace id and, where given, whose trace ``sampled``
+    keeps and whose pod is one of ``pods``. None when there is none yet."""
+    found = []
+    for claim in claims:
+        meta, status = claim.get("metadata") or {}, claim.get("status") or {}
+        trace_id = trace_id_of(meta.get("uid") or "")
+        pod = reserving_pod(claim)
+        if not status.get("allocation") or pod is None or meta.get("deletionTimestamp") or trace_id is None:
+            continue
+        if (sampled is not None and not sampled(trace_id)) or (pods is not None and pod not in pods):
+            continue
+        found.append((meta.get("creationTimestamp") or "", meta.get("name") or "", claim))
+    return min(found, key=lambda f: f[:2])[2] if found else None
+
+
+def trace_link(jaeger_ui: str, uid: str) -> str:
+    """Jaeger's page of the trace of the claim with ``uid``: ``<ui>/trace/<uid's hex digits>``."""
+    trace_id = trace_id_of(uid)
+    if trace_id is None:
+        raise ValueError(f"{uid!r} is not a UUID")
+    return f"{jaeger_ui.rstrip('/')}/trace/{trace_id:032x}"
+
+
+def trace_id_command(kubectl: str, claim: str = "<claim>", namespace: str = NAMESPACE) -> str:
+    """The shell line that prints a claim's trace id (its UID without the dashes)."""
+    return f"{kubectl} get resourceclaim -n {namespace} {claim} -o jsonpath='{{.metadata.uid}}' | tr -d -"
+
+
+def tracing_off_lines(kubectl: str) -> str:
+    """What the demo prints without tracing: how to turn it on, and how to get a claim's trace id."""
+    return f"{TRACING_OFF}\n  {trace_id_command(kubectl)}   # any claim's trace id\n"
+
+
+def claim_trace_lines(kubectl: str, jaeger_ui: str, claim: Mapping[str, Any]) -> str:
+    """What the demo prints with tracing: the claim, its trace's link in Jaeger, and the line that
+    gives any claim's trace id (for this one, the link's digits)."""
+    meta = claim["metadata"]
+    return (
+        f"claim {meta['namespace']}/{meta['name']} (pod {reserving_pod(claim)}, kept running until Ctrl-C)"
+        " is one trace: the exporter's lifecycle spans and the plugin's prepare claim\n"
+        f"  {trace_link(jaeger_ui, meta['uid'])}\n"
+        f"  {trace_id_command(kubectl, meta['name'], meta['namespace'])}   # any claim's trace id\n"
+    )
+
+
 class Workload:
-    """Keeps ``pods`` pods alive, each for a random lifetime, then deletes and replaces it."""
+    """Keeps ``pods`` pods alive, each for a random lifetime, then deletes and replaces it; a pod
+    given to :meth:`keep` lives until the workload stops."""
 
     def __init__(self, client: KubeClient, pods: int, lifetime: tuple[float, float] = (5.0, 20.0)) -> None:
         self.client = client
@@ -87,6 +162,7 @@ class Workload:
         self.created = 0
         self.deleted = 0
         self._deadlines: dict[str, float] = {}
+        self._lock = threading.Lock()  # held through a step, so that a kept pod is not deleted in it
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="demo-workload", daemon=True)
 
@@ -98,10 +174,29 @@ class Workload:
         self._stop.set()
         self._thread.join(timeout=10)
 
+    def pods_alive(self) -> set[str]:
+        """The workload's pods not deleted yet."""
+        with self._lock:
+            return set(self._deadlines)
+
+    def keep(self, name: str) -> bool:
+        """Let pod ``name`` live until the workload stops; False when it is not one of the pods
+        alive (deleted already), or a step held the workload for more than 5 s."""
+        if not self._lock.acquire(timeout=5):
+            return False
+        try:
+            if name not in self._deadlines:
+                return False
+            self._deadlines[name] = math.inf
+            return True
+        finally:
+            self._lock.release()
+
     def _run(self) -> None:
         while not self._stop.wait(0.5):
             try:
-                self._step()
+                with self._lock:
+                    self._step()
             except ApiError as exc:  # the demo keeps going through API hiccups
                 log.warning("workload: %s", exc)
 
@@ -201,9 +296,33 @@ def add_parser(sub: Any) -> None:
         type=int_in(1, 65000),
     )
     add_flag(p, "--address", "OTEL_DRA_ADDRESS", "exporter listen address", default="127.0.0.1")
+    add_flag(
+        p,
+        "--jaeger-ui",
+        "OTEL_DRA_DEMO_JAEGER_UI",
+        "Jaeger UI the printed trace link points to (with tracing on)",
+        default=JAEGER_UI,
+        type=http_url,
+    )
     add_kubernetes_version_flag(p)
     add_logging_flags(p)
     p.set_defaults(func=cmd_demo)
+
+
+def _link_a_claim(client: KubeClient, workload: Workload, kubectl: str, jaeger_ui: str, sampler: Sampler) -> bool:
+    """Print the trace link of the first claim allocated and reserved (whose trace ``sampler``
+    keeps, as the exporter decides it) and keep its pod running; False while there is none yet."""
+    try:
+        claims = client.get_json(f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims")["items"]
+    except ApiError as exc:
+        log.debug("listing claims for the trace link: %s", exc)
+        return False
+    claim = pick_claim(claims, sampled=lambda t: decides_root(sampler, t, "claim"), pods=workload.pods_alive())
+    pod = reserving_pod(claim) if claim is not None else None
+    if claim is None or pod is None or not workload.keep(pod):
+        return False
+    print(claim_trace_lines(kubectl, jaeger_ui, claim), flush=True)
+    return True
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -212,7 +331,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from otel_dra.kube.client import load_credentials
     from otel_dra.kubeletsim.sim import KubeletSim
     from otel_dra.telemetry.otlp import ConfigError
-    from otel_dra.telemetry.tracing import build_tracing_pipeline
+    from otel_dra.telemetry.tracing import build_tracing_pipeline, sampler_from_env
     from otel_dra.testbed import find_or_build_binaries, running
 
     try:
@@ -254,6 +373,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     return 2
                 workload = Workload(client, args.pods).start()
                 host = args.address or "127.0.0.1"
+                kubectl = f"KUBECONFIG={kubeconfig} {binaries.kubectl}"
+                # The claims' spans go where the exporter's and the plugins' go: the OTLP traces
+                # endpoint the same OTEL_* variables name (tracing.otlp: None without one).
+                traced = tracing.otlp is not None
                 plugin_lines = "\n".join(
                     f"  curl -s http://127.0.0.1:{p.metrics_port}/metrics | grep -E 'dra_example_driver|rest_client'"
                     f"   # plugin on {p.node} (log {p.log_path})"
@@ -263,12 +386,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     f"\ndemo running: {args.nodes} node(s) x 8 simulated GPUs, {args.pods} pods cycling\n"
                     f"  curl -s http://{host}:{app.port}/metrics | grep ^kube_   # cluster state\n"
                     f"{plugin_lines}\n"
-                    f"  KUBECONFIG={kubeconfig} {binaries.kubectl} get pods,resourceclaims -n {NAMESPACE}\n"
+                    f"  {kubectl} get pods,resourceclaims -n {NAMESPACE}\n"
+                    f"{'' if traced else tracing_off_lines(kubectl)}"
                     f"Ctrl-C stops everything.\n",
                     flush=True,
                 )
+                sampler = sampler_from_env()  # the exporter's and the plugins' (the same variables)
+                linked = not traced or args.pods == 0  # no workload claim to link
                 reported: set[str] = set()
                 while not stop.wait(1.0):
+                    if not linked:
+                        linked = _link_a_claim(client, workload, kubectl, args.jaeger_ui, sampler)
                     for plugin in plugins:  # a plugin that dies (e.g. its port taken) must not go unnoticed
                         code = plugin.process.poll()
                         if code is not None and plugin.node not in reported:

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 
 class UsageError(ValueError):
@@ -130,3 +131,13 @@ def directory(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty")
     return Path(text).expanduser().absolute()
+
+
+def http_url(text: str) -> str:
+    """An ``http://`` or ``https://`` URL with a host, without its trailing slashes (a base that
+    paths are appended to)."""
+    value = text.strip().rstrip("/")
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// URL (scheme, host, optional path)")
+    return value

@@ -7,7 +7,8 @@ Checked: Prometheus holds the seed metrics with the values the workload implies;
 expression of the dashboard and the alert rules parses and returns data (except where "no series"
 is the healthy answer: the error-only selectors); the plugin metric names that reach Prometheus
 through the Collector are those scraped directly; Jaeger returns a prepare trace with the RPC span,
-its per-claim child and that child's steps."""
+its per-claim child and that child's steps; the Jaeger link the demo prints is a live claim's UID,
+and Jaeger returns that claim's trace with the exporter's lifecycle spans and the plugin's prepare."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from otel_dra.kube.client import KubeClient, load_credentials
 from otel_dra.telemetry.traceids import root_span_id
 from tests import peers
 from tests.helpers import free_port, free_ports, scrape, wait_until
@@ -61,7 +63,7 @@ def _demo_ports() -> tuple[int, int]:
 
 
 @pytest.fixture(scope="module")
-def demo(otelcol_gateway, testbed_binaries) -> Iterator[dict[str, Any]]:
+def demo(otelcol_gateway, jaeger, testbed_binaries) -> Iterator[dict[str, Any]]:
     # No OTel settings of the test run's own, but the same testbed Kubernetes (OTEL_DRA_*).
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") or k.startswith("OTEL_DRA_")}
     env.update(
@@ -84,6 +86,7 @@ def demo(otelcol_gateway, testbed_binaries) -> Iterator[dict[str, Any]]:
                 [
                     sys.executable, "-m", "otel_dra", "demo", "--dir", str(directory), "--nodes", str(NODES),
                     "--pods", str(PODS), "--port", str(port), "--plugin-metrics-port", str(plugin_port),
+                    "--jaeger-ui", jaeger.url("query"),
                 ],
                 env=env,
                 stdout=out,
@@ -97,7 +100,7 @@ def demo(otelcol_gateway, testbed_binaries) -> Iterator[dict[str, Any]]:
         shutil.rmtree(directory, ignore_errors=True)
         assert "Address already in use" in output and attempt < 2, output
     try:
-        yield {"port": port, "plugin_ports": [plugin_port + i for i in range(NODES)], "dir": directory}
+        yield {"port": port, "plugin_ports": [plugin_port + i for i in range(NODES)], "dir": directory, "log": log}
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=120)
@@ -263,3 +266,54 @@ def test_jaeger_has_a_prepare_trace_with_per_claim_children(prom, jaeger):
     (rpc,) = [s for s in call["spans"] if s["spanID"] == link["spanID"]]
     assert rpc["operationName"] == rpc_name
     assert any(int(r["spanID"], 16) == int(claim["spanID"], 16) for r in refs(rpc, "FOLLOWS_FROM"))
+
+
+# What the demo prints once a claim is allocated and reserved (otel_dra/cli/demo.py, claim_trace_lines).
+TRACE_LINK = re.compile(
+    r"^claim demo/(?P<claim>\S+) \(pod (?P<pod>\S+), kept running until Ctrl-C\) is one trace.*\n"
+    r"  (?P<ui>\S+)/trace/(?P<digits>[0-9a-f]{32})\n"
+    r"  (?P<command>.+ \| tr -d -)   # any claim's trace id$",
+    re.M,
+)
+
+
+def test_the_printed_jaeger_link_is_a_live_claims_whole_trace(demo, jaeger):
+    """The link the demo prints (README, tour step 3): its digits are a real claim's UID without the
+    dashes, as the printed kubectl line says; the claim is still in use (its pod kept); Jaeger returns
+    its trace with the exporter's lifecycle spans and the plugin's prepare claim under its root."""
+    found = wait_until(lambda: TRACE_LINK.search(demo["log"].read_text()), 120, what="the demo's trace link")
+    name, pod, digits = found["claim"], found["pod"], found["digits"]
+    assert found["ui"] == jaeger.url("query")
+    client = KubeClient(load_credentials(str(demo["dir"] / "testbed" / "kubeconfig")))
+    claim = client.get_json(f"/apis/resource.k8s.io/v1/namespaces/demo/resourceclaims/{name}")
+    assert uuid.UUID(claim["metadata"]["uid"]).hex == digits
+    # Kept: the other pods live 5-20 s, and this test runs after the module's others.
+    assert [r["name"] for r in claim["status"]["reservedFor"]] == [pod]
+    assert claim["status"].get("allocation") and not claim["metadata"].get("deletionTimestamp")
+    # The printed line, run as printed, gives the same digits.
+    printed = subprocess.run(["sh", "-c", found["command"]], capture_output=True, text=True, timeout=60)
+    assert (printed.returncode, printed.stdout.strip()) == (0, digits), printed.stderr
+
+    root_name = f"ResourceClaim demo/{name}"
+
+    def whole_trace() -> tuple[dict[str, Any], dict[str, dict[str, Any]]] | None:
+        trace = jaeger.trace(digits)
+        if trace is None:
+            return None
+        spans = {s["operationName"]: s for s in trace["spans"]}
+        wanted = (root_name, "allocation", f"reserved for pod/{pod}", "prepare claim")
+        return (trace, spans) if all(op in spans for op in wanted) else None
+
+    trace, spans = wait_until(whole_trace, 60, interval=1, what=f"claim {name}'s trace in Jaeger")
+
+    def service(span: dict[str, Any]) -> str:
+        return str(trace["processes"][span["processID"]]["serviceName"])
+
+    assert {service(s) for s in trace["spans"]} >= {"otel-dra-exporter", "otel-dra-plugin"}
+    root = spans[root_name]
+    assert int(root["spanID"], 16) == root_span_id(int(digits, 16))
+    for op, by in (("allocation", "otel-dra-exporter"), ("prepare claim", "otel-dra-plugin")):
+        span = spans[op]
+        assert service(span) == by, op
+        assert [r["spanID"] for r in span["references"] if r["refType"] == "CHILD_OF"] == [root["spanID"]], op
+    assert service(root) == "otel-dra-exporter"

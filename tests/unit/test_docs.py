@@ -234,7 +234,7 @@ def test_the_testbed_release_and_peer_tables_are_the_tables_own() -> None:
         assert text[begin : text.index(f"<!-- {marker}:end -->")] == table, marker
 
 
-# --- the flag tables of docs/exporter.md, docs/plugin.md and docs/testbed.md ------------------------
+# --- the flag tables of docs/exporter.md, docs/plugin.md and docs/testbed.md (testbed, demo) ---------
 
 ROOT = Path(__file__).resolve().parents[2]
 # The commands whose flags a doc's tables list; each table sits under a heading that names its
@@ -242,7 +242,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FLAG_DOCS = {
     "exporter.md": ("exporter",),
     "plugin.md": ("plugin",),
-    "testbed.md": ("testbed build", "testbed up"),
+    "testbed.md": ("testbed build", "testbed up", "demo"),
 }
 
 
@@ -341,8 +341,8 @@ def flag_table_errors(command: str, rows: list[dict[str, str]], actions: dict[st
 
 
 def test_the_flag_tables_are_the_clis_flags() -> None:
-    """Every flag of `otel-dra exporter`, `plugin`, `testbed build` and `testbed up` is a row of its
-    table in docs/, and every row is a flag, with the flag's environment variable and default."""
+    """Every flag of `otel-dra exporter`, `plugin`, `testbed build`, `testbed up` and `demo` is a row
+    of its table in docs/, and every row is a flag, with the flag's environment variable and default."""
     errors = []
     for doc, commands in FLAG_DOCS.items():
         tables = flag_tables((ROOT / "docs" / doc).read_text())
