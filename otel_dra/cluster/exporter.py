@@ -180,7 +180,13 @@ class ClusterState:
             rtype = watched.resource
             served = families.select(own[rtype.plural])
             joined = rtype.plural in self.joins.reads
-            traced = lifecycle is not None and rtype.plural in (resourceclaim.RESOURCE.plural, pod.RESOURCE.plural)
+            # Claims always feed the lifecycle; pods are watched for it only when tracing is on (their
+            # spans) or when a served family watches them anyway: the pod start histogram alone does
+            # not widen what the exporter lists (nor the RBAC it needs, e.g. with the seed families).
+            traced = lifecycle is not None and (
+                rtype.plural == resourceclaim.RESOURCE.plural
+                or (rtype.plural == pod.RESOURCE.plural and lifecycle.tracing)
+            )
             if not served and not joined and not traced:
                 log.info("not watching %s: no served family needs them", rtype.plural)
                 continue
