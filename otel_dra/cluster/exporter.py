@@ -180,13 +180,10 @@ class ClusterState:
             rtype = watched.resource
             served = families.select(own[rtype.plural])
             joined = rtype.plural in self.joins.reads
-            # Claims always feed the lifecycle; pods are watched for it only when tracing is on (their
-            # spans) or when a served family watches them anyway: the pod start histogram alone does
-            # not widen what the exporter lists (nor the RBAC it needs, e.g. with the seed families).
-            traced = lifecycle is not None and (
-                rtype.plural == resourceclaim.RESOURCE.plural
-                or (rtype.plural == pod.RESOURCE.plural and lifecycle.tracing)
-            )
+            # Claims always feed the lifecycle; pods only where a served family watches them anyway:
+            # the claims' traces never widen what the exporter lists, nor the RBAC it needs (the
+            # seed families watch no pods, so with them a claim's trace has no pod start spans).
+            traced = lifecycle is not None and rtype.plural == resourceclaim.RESOURCE.plural
             if not served and not joined and not traced:
                 log.info("not watching %s: no served family needs them", rtype.plural)
                 continue
