@@ -215,8 +215,7 @@ class ClaimLifecycle:
             return
         spans: list[SpanData] = []
         self._seen[key] = self._advance(claim, seen, trace_id, sampled, live, spans)
-        for span in spans:
-            self._sink_emit(span)
+        self._send(spans)
 
     def backfill(self, limit: int) -> list[SpanData]:
         """Up to ``limit`` spans of claims first seen in the first list (their root and the phases
@@ -366,16 +365,7 @@ class ClaimLifecycle:
             if (kind, name) in current:
                 kept.append((kind, name, since))
                 continue
-            _add(
-                out,
-                f"consumer {kind}/{name}",
-                trace_id,
-                traceids.named_span_id(trace_id, f"consumer {kind}/{name}@{since}"),
-                root,
-                since,
-                now,
-                {**attrs, CONSUMER: f"{kind}/{name}", TIME_SOURCE: OBSERVED},
-            )
+            _consumer_ended(out, trace_id, root, attrs, kind, name, since, now)
         had = {(k, n) for k, n, _ in before}
         for kind, name in claim.consumers:
             if (kind, name) in had:
@@ -399,31 +389,15 @@ class ClaimLifecycle:
         at, source = (deleting, OBJECT) if deleting is not None else (now, OBSERVED)
         attrs = {NAMESPACE: claim.namespace, CLAIM_NAME: claim.name, CLAIM_UID: claim.uid}
         root = traceids.root_span_id(seen.trace_id)
+        out: list[SpanData] | None = [] if seen.sampled and self._sink is not None else None
         # Reservations still open end with the claim.
         for kind, name, since in seen.consumers:
-            self._emit(
-                seen.sampled,
-                f"consumer {kind}/{name}",
-                seen.trace_id,
-                traceids.named_span_id(seen.trace_id, f"consumer {kind}/{name}@{since}"),
-                root,
-                since,
-                now,
-                {**attrs, CONSUMER: f"{kind}/{name}", TIME_SOURCE: OBSERVED},
-            )
-        self._emit(
-            seen.sampled,
-            "deleted",
-            seen.trace_id,
-            traceids.named_span_id(seen.trace_id, "deleted"),
-            root,
-            at,
-            at,
-            {**attrs, TIME_SOURCE: source},
-        )
+            _consumer_ended(out, seen.trace_id, root, attrs, kind, name, since, now)
+        deleted = traceids.named_span_id(seen.trace_id, "deleted")
+        _add(out, "deleted", seen.trace_id, deleted, root, at, at, {**attrs, TIME_SOURCE: source})
         if seen.created is not None:
-            self._emit(
-                seen.sampled,
+            _add(
+                out,
                 "lifetime",
                 seen.trace_id,
                 traceids.named_span_id(seen.trace_id, "lifetime"),
@@ -432,6 +406,7 @@ class ClaimLifecycle:
                 max(at, seen.created),
                 {**attrs, TIME_SOURCE: source},
             )
+        self._send(out or [])
 
     # --- pods ------------------------------------------------------------------------------------
     def pods_changed(self, changes: list[Change[Pod]]) -> None:
@@ -449,8 +424,7 @@ class ClaimLifecycle:
             try:
                 spans: list[SpanData] = []
                 self._pod_started(new, True, spans)
-                for span in spans:
-                    self._sink_emit(span)
+                self._send(spans)
             except Exception:
                 log.exception("tracing pod %s failed", key)
 
@@ -498,27 +472,11 @@ class ClaimLifecycle:
                 )
 
     # --- output ----------------------------------------------------------------------------------
-    def _emit(
-        self,
-        sampled: bool,
-        name: str,
-        trace_id: int,
-        span_id: int,
-        parent: int,
-        start: float,
-        end: float,
-        attributes: dict[str, Any],
-        error: str | None = None,
-    ) -> None:
-        if self._sink is None or not sampled:
-            return
-        self._sink.emit(
-            SpanData(name, trace_id, span_id, parent, _ns(start), _ns(max(end, start)), attributes, error=error)
-        )
-
-    def _sink_emit(self, span: SpanData) -> None:
+    def _send(self, spans: list[SpanData]) -> None:
+        """Hand finished spans to the sink (made only for sampled claims, with a sink)."""
         if self._sink is not None:
-            self._sink.emit(span)
+            for span in spans:
+                self._sink.emit(span)
 
     def _record(
         self,
@@ -559,6 +517,30 @@ def _add(
     """A finished span into ``out`` (None: spans are not wanted)."""
     if out is not None:
         out.append(SpanData(name, trace_id, span_id, parent, _ns(start), _ns(max(end, start)), attributes, error=error))
+
+
+def _consumer_ended(
+    out: list[SpanData] | None,
+    trace_id: int,
+    root: int,
+    attrs: dict[str, Any],
+    kind: str,
+    name: str,
+    since: float,
+    now: float,
+) -> None:
+    """The span of a consumer's reservation, from when it was seen until its release (or the
+    claim's deletion)."""
+    _add(
+        out,
+        f"consumer {kind}/{name}",
+        trace_id,
+        traceids.named_span_id(trace_id, f"consumer {kind}/{name}@{since}"),
+        root,
+        since,
+        now,
+        {**attrs, CONSUMER: f"{kind}/{name}", TIME_SOURCE: OBSERVED},
+    )
 
 
 def _allocation_time(claim: Claim) -> tuple[float | None, str]:

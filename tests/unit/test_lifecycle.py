@@ -79,6 +79,15 @@ def world(
     return store, exporter, reader, sink, now
 
 
+def in_first_list(store: ObjectStore[Any]) -> tuple[ClaimLifecycle, list[bool]]:
+    """The lifecycle listening to ``store``, told that the first lists (claims and pods) are under
+    way until the test sets ``listed[0]`` (ClusterState tells it from the reflectors)."""
+    lifecycle = store._listener.__self__  # type: ignore[union-attr]
+    listed = [False]
+    lifecycle.claims_listed = lifecycle.pods_listed = lambda: listed[0]
+    return lifecycle, listed
+
+
 def spans(exporter: InMemorySpanExporter, sink: SpanSink) -> dict[str, Any]:
     sink.flush()
     return {s.name: s for s in exporter.get_finished_spans()}
@@ -153,9 +162,7 @@ def test_binding_conditions_satisfied_and_failed() -> None:
 def test_first_list_gives_the_phases_objects_show_by_backfill_and_measures_nothing() -> None:
     uid = str(uuid.uuid4())
     store, exporter, reader, sink, now = world()
-    lifecycle = store._listener.__self__  # type: ignore[union-attr]
-    listed = [False]
-    lifecycle.claims_listed = lambda: listed[0]
+    lifecycle, listed = in_first_list(store)
     store.replace([claim(uid, 1, allocated=T0 + 3, consumers=("p1",))])
     # Nothing is queued by the list itself, and nothing is handed out before the list is done.
     assert spans(exporter, sink) == {}
@@ -181,9 +188,7 @@ def test_first_list_gives_the_phases_objects_show_by_backfill_and_measures_nothi
 def test_a_claim_that_changes_before_its_backfill_gets_no_phase_twice() -> None:
     uid = str(uuid.uuid4())
     store, exporter, _reader, sink, _ = world()
-    lifecycle = store._listener.__self__  # type: ignore[union-attr]
-    listed = [False]
-    lifecycle.claims_listed = lambda: listed[0]
+    lifecycle, listed = in_first_list(store)
     store.replace([claim(uid, 1)])  # pending in the first list
     listed[0] = True
     store.upsert(claim(uid, 2, allocated=T0 + 3))  # allocated, seen live
@@ -327,9 +332,7 @@ def test_pods_started_before_the_first_list_are_backfilled_after_their_claims() 
 
     uid = str(uuid.uuid4())
     store, exporter, reader, sink, _ = world()
-    lifecycle = store._listener.__self__  # type: ignore[union-attr]
-    listed = [False]
-    lifecycle.claims_listed = lifecycle.pods_listed = lambda: listed[0]
+    lifecycle, listed = in_first_list(store)
     pods: ObjectStore[Any] = ObjectStore(
         "pods", pod.make_parser(pod.FIELDS | pod.START_FIELDS), (), listener=lifecycle.pods_changed
     )
