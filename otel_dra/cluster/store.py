@@ -212,6 +212,12 @@ class SeriesStore(Generic[T]):
         self._entries: dict[str, _Entry[T]] = {}
         self._segments: list[_Segment] = []
         self._firsts: list[str] = []  # first key of each segment, for bisect
+        # What blocks() served last, per family its chunks in key order, and whether an entry or a
+        # segment changed since. A family's list is a new object only when one of its chunks
+        # changed, never altered once served: so a scrape can reuse what it built from an
+        # unchanged list (the same object) without looking inside (telemetry.exposition.Assembler).
+        self._served: list[list[Chunk]] | None = None
+        self._lines_changed = True
 
     def _render(self, rv: str, value: T, report: Callable[[str], None]) -> _Entry[T]:
         try:
@@ -283,6 +289,7 @@ class SeriesStore(Generic[T]):
 
     # --- entry bookkeeping (callers hold the lock) -----------------------------------------------
     def _store(self, key: str, entry: _Entry[T]) -> None:
+        self._lines_changed = True
         if entry.points is None and self._points_wanted:
             # Rendered before the first push began (outside the lock), stored after: every entry
             # stored from then on has its points, so that a joined segment's buffers hold them all.
@@ -296,6 +303,7 @@ class SeriesStore(Generic[T]):
     def _drop(self, key: str) -> bool:
         if self._entries.pop(key, None) is None:
             return False
+        self._lines_changed = True
         i = self._segment_index(key)
         segment = self._segments[i]
         segment.keys.pop(bisect.bisect_left(segment.keys, key))
@@ -323,6 +331,7 @@ class SeriesStore(Generic[T]):
                 segment.keys = []  # retired (a first push may still hold it: see otlp_metrics)
             self._entries = fresh
             self._segments = segments
+            self._lines_changed = True
             self._firsts = [s.keys[0] for s in segments]
             # Join now rather than at the next scrape or push: the entries' own copies are freed
             # before the joins of this relist allocate, which then reuse that memory (a lower peak).
@@ -502,15 +511,47 @@ class SeriesStore(Generic[T]):
             return list(zip(self._headers, per_family, strict=True))
 
     def blocks(self) -> list[tuple[GaugeFamily, list[Chunk]]]:
-        """Each family's exposition, as one chunk per segment, ordered by object key."""
+        """Each family's exposition, as one chunk per segment, ordered by object key. Nothing
+        changed since the last call: the same lists (objects) again. Otherwise a family whose
+        chunks are all the ones served before keeps its list object too."""
         with self._lock:
-            per_family: list[list[Chunk]] = [[] for _ in self.families]
-            for segment in self._segments:
-                if segment.lines.stale:
-                    self._join(segment, LINES)
-                for i, chunk in enumerate(segment.chunks):
-                    per_family[i].append(chunk)
-            return [(fam.gauge, per_family[i]) for i, fam in enumerate(self.families)]
+            served = self._served
+            if served is None or self._lines_changed:
+                per_family: list[list[Chunk]] = [[] for _ in self.families]
+                for segment in self._segments:
+                    if segment.lines.stale:
+                        self._join(segment, LINES)
+                    for i, chunk in enumerate(segment.chunks):
+                        per_family[i].append(chunk)
+                if served is not None:
+                    per_family = [
+                        self._keep_served(i, old, new)
+                        for i, (old, new) in enumerate(zip(served, per_family, strict=True))
+                    ]
+                served = self._served = per_family
+                self._lines_changed = False
+            return [(fam.gauge, served[i]) for i, fam in enumerate(self.families)]
+
+    def _keep_served(self, family: int, old: list[Chunk], new: list[Chunk]) -> list[Chunk]:
+        """The list served before when ``new`` holds the same chunks (callers hold the lock).
+
+        Compared element by element by identity (a Chunk has no __eq__), in C. Where the segments
+        are as many as before (a relist rebuilds them all, mostly with the same bytes) a chunk
+        whose bytes equal the one served at its place is replaced by that one, in the segment too:
+        its gzip member is not compressed again, and the new copy of the bytes is let go."""
+        if old == new:
+            return old
+        if len(old) == len(new):
+            for j, (was, now) in enumerate(zip(old, new, strict=True)):
+                if was is not now and was.data == now.data:
+                    new[j] = was
+                    segment = self._segments[j]
+                    segment.chunks[family] = was
+                    if segment.lines.bufs is not None:
+                        segment.lines.bufs[family] = was.data
+            if old == new:
+                return old
+        return new
 
 
 class ObjectStore(SeriesStore[T]):

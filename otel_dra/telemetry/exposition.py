@@ -174,38 +174,76 @@ def sdk_exposition(registry: CollectorRegistry, openmetrics: bool) -> bytes:
 
 Blocks = Iterable[tuple[GaugeFamily, Sequence[Chunk]]]
 
+_EOF = b"# EOF\n"
+
+
+class Assembler:
+    """Builds scrape bodies, remembering per family and format the buffers it sent.
+
+    A family's buffers (its header, then each non-empty chunk's bytes or gzip member) depend only
+    on its chunks. A source that hands over the same sequence object while nothing in it changed
+    (``SeriesStore.blocks``) lets a scrape reuse that family's buffers without looking at its
+    chunks: a scrape of an unchanged cluster costs one pass over the families, the SDK's part and
+    the sending, however many series there are; a change costs the families it touched. A
+    sequence must never be altered once handed over (a changed family comes as a new object).
+
+    Thread-safe: concurrent scrapes may both build a family's buffers; either result is right.
+    """
+
+    def __init__(self) -> None:
+        # (family, openmetrics, gzipped) -> (the chunks as last seen, the buffers built from them)
+        self._families: dict[tuple[GaugeFamily, bool, bool], tuple[Sequence[Chunk], list[bytes]]] = {}
+        self._headers: dict[tuple[GaugeFamily, bool, bool], bytes] = {}
+
+    def assemble(
+        self, registry: CollectorRegistry, blocks: Blocks, openmetrics: bool, gzipped: bool = False
+    ) -> list[bytes]:
+        """A full scrape body as a list of buffers to send in order: the SDK's families, then each
+        pre-rendered family with its header. With ``gzipped`` each buffer is a gzip member.
+
+        A family with no samples is still announced (HELP/TYPE) so users can see it exists.
+        """
+        sdk = sdk_exposition(registry, openmetrics)
+        out = [_gzip(sdk) if gzipped else sdk]
+        cache = self._families
+        seen: set[tuple[GaugeFamily, bool, bool]] = set()
+        for family, chunks in blocks:
+            key = (family, openmetrics, gzipped)
+            seen.add(key)
+            cached = cache.get(key)
+            if cached is None or cached[0] is not chunks:
+                cached = cache[key] = (chunks, self._family(key, chunks))
+            out.extend(cached[1])
+        stale = [key for key in cache if key[1] == openmetrics and key[2] == gzipped and key not in seen]
+        for key in stale:  # a family no longer served: forget its buffers
+            cache.pop(key, None)
+        if openmetrics:
+            out.append(_GZ_EOF if gzipped else _EOF)
+        return out
+
+    def _family(self, key: tuple[GaugeFamily, bool, bool], chunks: Sequence[Chunk]) -> list[bytes]:
+        family, openmetrics, gzipped = key
+        header = self._headers.get(key)
+        if header is None:
+            header = family.header(openmetrics)
+            header = self._headers[key] = _gzip(header) if gzipped else header
+        # Empty chunks (segments without samples of this family) send nothing, not even an empty
+        # gzip member.
+        if gzipped:
+            return [header, *(chunk.gzipped() for chunk in chunks if chunk.data)]
+        return [header, *(chunk.data for chunk in chunks if chunk.data)]
+
 
 def assemble(registry: CollectorRegistry, blocks: Blocks, openmetrics: bool, gzipped: bool = False) -> list[bytes]:
-    """A full scrape body as a list of buffers to send in order: the SDK's families, then each
-    pre-rendered family with its header. With ``gzipped`` each buffer is a gzip member.
-
-    A family with no samples is still announced (HELP/TYPE) so users can see it exists.
-    """
-    head = [sdk_exposition(registry, openmetrics)]
-    out: list[bytes] = []
-    for family, chunks in blocks:
-        head.append(family.header(openmetrics))
-        for chunk in chunks:
-            if not chunk.data:
-                continue
-            if gzipped:
-                # Headers and other small, uncached parts are compressed together as one member.
-                out.append(_gzip(b"".join(head)))
-                head = []
-                out.append(chunk.gzipped())
-            else:
-                out.extend(head)
-                head = []
-                out.append(chunk.data)
-    if openmetrics:
-        head.append(b"# EOF\n")
-    if head:
-        out.append(_gzip(b"".join(head)) if gzipped else b"".join(head))
-    return out
+    """One scrape body without remembering anything (see :class:`Assembler`)."""
+    return Assembler().assemble(registry, blocks, openmetrics, gzipped)
 
 
 def _gzip(data: bytes) -> bytes:
     return gzip.compress(data, compresslevel=1, mtime=0)
+
+
+_GZ_EOF = _gzip(_EOF)
 
 
 def wants_gzip(accept_encoding: str | None) -> bool:

@@ -180,6 +180,36 @@ def test_only_dirty_segments_are_rebuilt():
     assert b'deviceclass_name="c3"} 5.0' in after[1].data
 
 
+def test_blocks_hand_over_the_same_lists_until_a_family_changes():
+    """What lets a scrape reuse a family's buffers (telemetry.exposition.Assembler): blocks() gives
+    the same list object per family until one of that family's chunks changed; a changed family
+    gets a new list, and the list served before is left as it was."""
+    store = ObjectStore("deviceclasses", deviceclass.parse, deviceclass.FAMILIES + deviceclass.STATE_FAMILIES)
+    objs = [
+        {"metadata": {"name": f"c{i}", "resourceVersion": "1", "annotations": {"hourly-cost": "1"}}} for i in range(6)
+    ]
+    store.replace(objs)
+    first = [chunks for _, chunks in store.blocks()]
+    assert all(a is b for a, b in zip(first, [c for _, c in store.blocks()], strict=True))
+    cost = [g.prom_name for g, _ in store.blocks()].index("kube_deviceclass_hourly_cost")
+    served = _text(first[cost])
+    store.upsert({"metadata": {"name": "c3", "resourceVersion": "2", "annotations": {"hourly-cost": "5"}}})
+    second = [chunks for _, chunks in store.blocks()]
+    assert [a is b for a, b in zip(first, second, strict=True)] == [i != cost for i in range(len(first))]
+    assert _text(first[cost]) == served and b'"c3"} 5.0' in _text(second[cost])
+    # A relist with the same objects (a resourceVersion unchanged) renders nothing new.
+    store.replace(
+        [
+            *objs[:3],
+            {"metadata": {"name": "c3", "resourceVersion": "2", "annotations": {"hourly-cost": "5"}}},
+            *objs[4:],
+        ]
+    )
+    assert all(a is b for a, b in zip(second, [c for _, c in store.blocks()], strict=True))
+    store.delete(objs[5])
+    assert all(b'"c5"' not in _text(chunks) for _, chunks in store.blocks())
+
+
 def test_metadata_that_is_not_an_object_drops_only_that_object():
     """Found by tests/fuzz: ``metadata: "0"`` raised in object_key (outside the parsers' error
     handling), so one such object broke the whole list or watch instead of being dropped."""

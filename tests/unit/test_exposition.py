@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from otel_dra.cluster import deviceclass, resourceclaim, resourceslice
-from otel_dra.telemetry.exposition import assemble
+from otel_dra.telemetry.exposition import Assembler, Chunk, GaugeFamily, assemble
 from otel_dra.telemetry.naming import prometheus_name
 from tests.unit.sample_stores import register_sdk_gauges, sample_stores
 
@@ -106,3 +106,30 @@ def test_numbers_and_label_counts_equal_the_sdk_reader_also_when_remembered():
     fam = GaugeFamily("g", "", "help", ("a",))
     nonfinite = [(("x",), float("nan")), (("y",), float("inf")), (("z",), -float("inf"))]
     assert fam.render(nonfinite * 2) == b'g{a="x"} NaN\ng{a="y"} +Inf\ng{a="z"} -Inf\n' * 2
+
+
+def test_the_assembler_reuses_a_family_until_its_chunks_change():
+    """One Assembler across scrapes: an unchanged family (the same chunk sequence) is not looked at
+    again; a new sequence is; empty chunks send nothing (not even an empty gzip member)."""
+    fam = GaugeFamily("x.y", "1", "X.", ("k",))
+    other = GaugeFamily("z", "1", "Z.", ())
+    a, empty, b = Chunk(fam.render([(("a",), 1.0)])), Chunk(b""), Chunk(fam.render([(("b",), 2.0)]))
+    chunks, others = [a, empty, b], [Chunk(other.render([((), 3.0)]))]
+    assembler = Assembler()
+    for openmetrics in (False, True):
+        for gzipped in (False, True):
+            first = assembler.assemble(CollectorRegistry(), [(fam, chunks), (other, others)], openmetrics, gzipped)
+            # The SDK's part, then per family its header and one buffer per non-empty chunk, then EOF.
+            assert len(first) == 1 + 3 + 2 + (1 if openmetrics else 0)
+            uncached = assemble(CollectorRegistry(), [(fam, chunks), (other, others)], openmetrics, gzipped)
+            body = b"".join(first)
+            assert body == b"".join(uncached)
+            if gzipped:
+                assert all(gzip.decompress(part) for part in first[1:])  # no empty member
+            again = assembler.assemble(CollectorRegistry(), [(fam, chunks), (other, others)], openmetrics, gzipped)
+            assert all(x is y for x, y in zip(again[1:], first[1:], strict=True))
+    c = Chunk(fam.render([(("c",), 4.0)]))
+    changed = assembler.assemble(CollectorRegistry(), [(fam, [a, c]), (other, others)], False)
+    assert b'x_y{k="c"} 4.0' in b"".join(changed) and b'k="b"' not in b"".join(changed)
+    # A family no longer given is no longer sent.
+    assert b"# HELP z " not in b"".join(assembler.assemble(CollectorRegistry(), [(fam, [a, c])], False))
