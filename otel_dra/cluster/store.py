@@ -87,6 +87,27 @@ class _Joined:
             yield key, tuple(buf[o[i] : o[i + 1]] for buf, o in zip(bufs, offsets, strict=True))
 
 
+def _unchanged_families(joined: _Joined, old: list[bytes], indexes: list[int], owns: list[Any]) -> list[bool]:
+    """Per family, whether every changed entry (at ``indexes`` of the last join, in order, with
+    its new bytes ``owns``) has the bytes it had there. Most changes touch a few of a resource's
+    families (a reservation changes none of the allocation's): the others keep their buffer without
+    a join, at the cost of comparing the changed entries' bytes."""
+    out = []
+    for f, buf in enumerate(old):
+        was = joined.lengths[f]
+        pos = at = 0
+        equal = True
+        for i, own in zip(indexes, owns, strict=True):
+            pos += sum(was[at:i])
+            at = i
+            size = was[i]
+            if size != len(own[f]) or buf[pos : pos + size] != own[f]:
+                equal = False
+                break
+        out.append(equal)
+    return out
+
+
 class _Segment:
     __slots__ = ("chunks", "groups", "keys", "lines", "points")
 
@@ -377,6 +398,7 @@ class SeriesStore(Generic[T]):
         # of consecutive entries of the previous join (a list), in key order.
         plan: list[Any] = []
         changed: list[str] = []
+        same: list[bool] | None = None  # per family: no changed entry's bytes differ (keys unchanged)
         if old is not None and not joined.reshaped:  # keys == built
             at = 0
             for i in sorted(bisect.bisect_left(keys, k) for k in joined.fresh):
@@ -389,6 +411,12 @@ class SeriesStore(Generic[T]):
                 at = i + 1
             if at < len(keys):
                 plan.append([at, len(keys) - 1])
+            same = _unchanged_families(
+                joined,
+                old,
+                [bisect.bisect_left(keys, k) for k in changed],
+                [getattr(entries[k], kind) for k in changed],
+            )
         else:
             index = {k: i for i, k in enumerate(joined.built)} if old is not None else {}
             previous = -2
@@ -411,6 +439,11 @@ class SeriesStore(Generic[T]):
         bufs: list[bytes] = []
         all_lengths: list[array[int]] = []
         for f in range(len(self.families)):
+            if same is not None and same[f]:
+                assert stored is not None
+                bufs.append(stored[f])  # the same bytes: nothing to join, the same Chunk / PointGroup
+                all_lengths.append(joined.lengths[f])
+                continue
             parts: list[bytes | memoryview] = []
             lengths = array("I")  # 4 bytes each: a segment's buffer stays far below 4 GiB
             if old is not None:
