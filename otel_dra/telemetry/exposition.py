@@ -175,6 +175,8 @@ def sdk_exposition(registry: CollectorRegistry, openmetrics: bool) -> bytes:
 Blocks = Iterable[tuple[GaugeFamily, Sequence[Chunk]]]
 
 _EOF = b"# EOF\n"
+# (openmetrics, gzipped): the four bodies a scrape may ask for.
+_FORMATS = ((False, False), (False, True), (True, False), (True, True))
 
 
 class Assembler:
@@ -206,6 +208,7 @@ class Assembler:
         sdk = sdk_exposition(registry, openmetrics)
         out = [_gzip(sdk) if gzipped else sdk]
         cache = self._families
+        others = [fmt for fmt in _FORMATS if fmt != (openmetrics, gzipped)]
         seen: set[tuple[GaugeFamily, bool, bool]] = set()
         for family, chunks in blocks:
             key = (family, openmetrics, gzipped)
@@ -213,8 +216,16 @@ class Assembler:
             cached = cache.get(key)
             if cached is None or cached[0] is not chunks:
                 cached = cache[key] = (chunks, self._family(key, chunks))
+                # What other formats built from older chunks would pin those chunks' bytes (up to
+                # a whole body's worth after enough changes) until a scrape in that format came:
+                # forgotten now, rebuilt by such a scrape if one comes.
+                for other in others:
+                    built = cache.get((family, *other))
+                    if built is not None and built[0] is not chunks:
+                        cache.pop((family, *other), None)
             out.extend(cached[1])
-        stale = [key for key in cache if key[1] == openmetrics and key[2] == gzipped and key not in seen]
+        # list(): a copy made in one step, while another scrape may be adding to the dict.
+        stale = [key for key in list(cache) if key[1] == openmetrics and key[2] == gzipped and key not in seen]
         for key in stale:  # a family no longer served: forget its buffers
             cache.pop(key, None)
         if openmetrics:

@@ -133,3 +133,38 @@ def test_the_assembler_reuses_a_family_until_its_chunks_change():
     assert b'x_y{k="c"} 4.0' in b"".join(changed) and b'k="b"' not in b"".join(changed)
     # A family no longer given is no longer sent.
     assert b"# HELP z " not in b"".join(assembler.assemble(CollectorRegistry(), [(fam, [a, c])], False))
+
+
+def test_the_assembler_pins_no_old_chunks_and_takes_concurrent_scrapes():
+    """A format scraped once must not keep the chunks it was built from once they changed (at
+    workload L that is up to a whole body), and scrapes may run in several threads at once."""
+    import sys
+    import threading
+
+    fam = GaugeFamily("x", "1", "X.", ("k",))
+    assembler = Assembler()
+    first = fam.render([(("a",), 1.0)])
+    alone = sys.getrefcount(first)
+    assembler.assemble(CollectorRegistry(), [(fam, [Chunk(first)])], True)  # OpenMetrics, once
+    assert sys.getrefcount(first) > alone  # held by what that scrape built
+    for i in range(3):
+        assembler.assemble(CollectorRegistry(), [(fam, [Chunk(fam.render([(("b",), float(i))]))])], False)
+    assert sys.getrefcount(first) == alone
+
+    errors: list[BaseException] = []
+
+    def scrape(n: int) -> None:
+        try:
+            for i in range(300):
+                chunks = [Chunk(fam.render([((str(i),), 1.0)]))]
+                body = assembler.assemble(CollectorRegistry(), [(fam, chunks)] if i % 3 else [], n % 2 == 0, n % 3 == 0)
+                assert body
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=scrape, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
