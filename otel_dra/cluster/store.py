@@ -401,7 +401,8 @@ class SeriesStore(Generic[T]):
         same: list[bool] | None = None  # per family: no changed entry's bytes differ (keys unchanged)
         if old is not None and not joined.reshaped:  # keys == built
             at = 0
-            for i in sorted(bisect.bisect_left(keys, k) for k in joined.fresh):
+            indexes = sorted(bisect.bisect_left(keys, k) for k in joined.fresh)
+            for i in indexes:
                 if i > at:
                     plan.append([at, i - 1])
                 own = getattr(entries[keys[i]], kind)
@@ -411,12 +412,7 @@ class SeriesStore(Generic[T]):
                 at = i + 1
             if at < len(keys):
                 plan.append([at, len(keys) - 1])
-            same = _unchanged_families(
-                joined,
-                old,
-                [bisect.bisect_left(keys, k) for k in changed],
-                [getattr(entries[k], kind) for k in changed],
-            )
+            same = _unchanged_families(joined, old, indexes, [getattr(entries[k], kind) for k in changed])
         else:
             index = {k: i for i, k in enumerate(joined.built)} if old is not None else {}
             previous = -2
@@ -535,13 +531,7 @@ class SeriesStore(Generic[T]):
                 if segment.points.stale:  # a retired segment (no keys) joins nothing
                     self._join(segment, POINTS)
         with self._lock:
-            per_family: list[list[PointGroup]] = [[] for _ in self.families]
-            for segment in self._segments:
-                if segment.points.stale:
-                    self._join(segment, POINTS)
-                for i, group in enumerate(segment.groups):
-                    per_family[i].append(group)
-            return list(zip(self._headers, per_family, strict=True))
+            return list(zip(self._headers, self._per_family(POINTS), strict=True))
 
     def blocks(self) -> list[tuple[GaugeFamily, list[Chunk]]]:
         """Each family's exposition, as one chunk per segment, ordered by object key. Nothing
@@ -550,12 +540,7 @@ class SeriesStore(Generic[T]):
         with self._lock:
             served = self._served
             if served is None or self._lines_changed:
-                per_family: list[list[Chunk]] = [[] for _ in self.families]
-                for segment in self._segments:
-                    if segment.lines.stale:
-                        self._join(segment, LINES)
-                    for i, chunk in enumerate(segment.chunks):
-                        per_family[i].append(chunk)
+                per_family: list[list[Chunk]] = self._per_family(LINES)
                 if served is not None:
                     per_family = [
                         self._keep_served(i, old, new)
@@ -564,6 +549,17 @@ class SeriesStore(Generic[T]):
                 served = self._served = per_family
                 self._lines_changed = False
             return [(fam.gauge, served[i]) for i, fam in enumerate(self.families)]
+
+    def _per_family(self, kind: str) -> list[list[Any]]:
+        """Per family, the segments' served buffers of one kind (Chunks or PointGroups) in key
+        order, stale segments joined first (callers hold the lock)."""
+        per_family: list[list[Any]] = [[] for _ in self.families]
+        for segment in self._segments:
+            if segment.joined(kind).stale:
+                self._join(segment, kind)
+            for i, served in enumerate(segment.chunks if kind == LINES else segment.groups):
+                per_family[i].append(served)
+        return per_family
 
     def _keep_served(self, family: int, old: list[Chunk], new: list[Chunk]) -> list[Chunk]:
         """The list served before when ``new`` holds the same chunks (callers hold the lock).
