@@ -26,14 +26,16 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bench import write_json
 from bench.workload import Workload, load
 from otel_dra.kube.client import KubeClient, load_credentials
 from otel_dra.testbed import find_binaries, running
+
+T = TypeVar("T")
 
 
 def machine() -> dict[str, Any]:
@@ -111,6 +113,38 @@ def curl_scrape(port: int, timeout: float, headers: Sequence[str] = ()) -> tuple
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def alternating_rounds(
+    names: Sequence[str], rounds: int, run: Callable[[str], dict[str, Any]]
+) -> list[list[dict[str, Any]]]:
+    """``run(name)`` for every name, ``rounds`` times, the order reversed every other round (so that
+    neither side always goes first on a machine that warms or tires)."""
+    out = []
+    for i in range(rounds):
+        order = list(names) if i % 2 == 0 else list(names)[::-1]
+        print(f"round {i + 1}: {', '.join(order)}", flush=True)
+        out.append([run(name) for name in order])
+    return out
+
+
+def on_testbed(
+    kubeconfig: str | None, workload: Workload, workdir: Path, measure: Callable[[str], T], results: dict[str, Any]
+) -> T:
+    """``measure(kubeconfig)`` against a held testbed (bench.held) when ``kubeconfig`` is given, else
+    against a fresh one in ``workdir`` loaded with ``workload`` (its load time into ``results``)."""
+    if kubeconfig:
+        return measure(kubeconfig)
+    with running(workdir / "tb", binaries=find_binaries()) as tb:
+        admin = KubeClient(load_credentials(str(tb.kubeconfig)), max_connections=32)
+        results["load_s"] = round(load(admin, workload, concurrency=16), 1)
+        print(f"loaded {workload.claims} claims in {results['load_s']} s", flush=True)
+        return measure(str(tb.kubeconfig))
+
+
+def ratios(figures: dict[str, float], base: dict[str, float]) -> dict[str, float]:
+    """Each figure over the base's (where the base has a non-zero one)."""
+    return {key: round(value / base[key], 3) for key, value in figures.items() if base.get(key)}
 
 
 def timed_scrapes(port: int, count: int, headers: dict[str, str] | None = None) -> tuple[list[float], int]:

@@ -36,12 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import write_json
-from bench.exporter import Exporter, get, machine
+from bench.exporter import Exporter, alternating_rounds, get, machine, on_testbed, percentile, ratios
 from bench.scale import SEED_ALLOWLIST, curl_time, exporter_pythonpath
 from bench.soak import git_commit, proc_sample
-from bench.workload import Workload, load
-from otel_dra.kube.client import KubeClient, load_credentials
-from otel_dra.testbed import find_binaries, running
+from bench.workload import Workload
 
 NAMESPACES = 100  # the workloads' shape (bench.held, bench.scale)
 
@@ -72,7 +70,7 @@ def scrapes(pid: int, port: int, count: int, gzip: bool) -> dict[str, float]:
     built1 = collection_cpu(port)
     return {
         "p50_ms": round(statistics.median(times) * 1000, 2),
-        "p95_ms": round(times[min(len(times) - 1, round(0.95 * (len(times) - 1)))] * 1000, 2),
+        "p95_ms": round(percentile(times, 0.95) * 1000, 2),
         "cpu_ms_per_scrape": round((cpu1 - cpu0) * 1000 / count, 2),
         "build_cpu_ms_per_scrape": round((built1 - built0) * 1000 / (count + 1), 2),
     }
@@ -185,9 +183,7 @@ def summarize(rounds: list[list[dict[str, Any]]], trees: list[str]) -> dict[str,
         out[name] = figures
     base = trees[0]
     for name in trees[1:]:
-        out[f"{name}_vs_{base}"] = {
-            key: round(value / out[base][key], 3) for key, value in out[name].items() if out[base].get(key)
-        }
+        out[f"{name}_vs_{base}"] = ratios(out[name], out[base])
     return out
 
 
@@ -223,24 +219,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="otel-dra-bench-scrapecache-") as tmp:
         workdir = Path(tmp)
 
-        def measure(kubeconfig: str) -> list[list[dict[str, Any]]]:
-            rounds = []
-            names = list(trees)
-            for i in range(args.rounds):
-                order = names if i % 2 == 0 else names[::-1]
-                print(f"round {i + 1}: {', '.join(order)}", flush=True)
-                rounds.append([run_tree(n, trees[n], kubeconfig, args, workdir) for n in order])
-            return rounds
-
-        if args.kubeconfig:
-            results["rounds"] = measure(args.kubeconfig)
-        else:
-            w = Workload(claims=args.claims, namespaces=NAMESPACES, classes=50, pods=not args.no_pods)
-            with running(workdir / "tb", binaries=find_binaries()) as tb:
-                admin = KubeClient(load_credentials(str(tb.kubeconfig)), max_connections=32)
-                results["load_s"] = round(load(admin, w, concurrency=16), 1)
-                print(f"loaded {args.claims} claims in {results['load_s']} s", flush=True)
-                results["rounds"] = measure(str(tb.kubeconfig))
+        w = Workload(claims=args.claims, namespaces=NAMESPACES, classes=50, pods=not args.no_pods)
+        results["rounds"] = on_testbed(
+            args.kubeconfig,
+            w,
+            workdir,
+            lambda kubeconfig: alternating_rounds(
+                list(trees), args.rounds, lambda n: run_tree(n, trees[n], kubeconfig, args, workdir)
+            ),
+            results,
+        )
     results["summary"] = summarize(results["rounds"], list(trees))
     print(json.dumps(results["summary"], indent=2))
     if args.json:

@@ -36,12 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import write_json
-from bench.exporter import Exporter, free_port, get, machine
-from bench.scale import curl_time
+from bench.exporter import Exporter, alternating_rounds, free_port, get, machine, on_testbed, ratios
+from bench.scale import scrapes
 from bench.soak import git_commit, proc_sample
-from bench.workload import Workload, load
-from otel_dra.kube.client import KubeClient, load_credentials
-from otel_dra.testbed import find_binaries, running
+from bench.workload import Workload
 
 VARIANTS = ("off", "latency", "on")
 NAMESPACES = 100  # workload L's shape (bench.held, bench.scale)
@@ -71,14 +69,6 @@ def sink_spans(port: int) -> int:
     """Spans the sink received since the last call (it forgets them when asked)."""
     _code, body = get(f"http://127.0.0.1:{port}/spans")
     return sum(len(v) for v in json.loads(body or b"{}").values())
-
-
-def timed(port: int, count: int, gzip: bool) -> dict[str, float]:
-    times = sorted(curl_time(port, gzip) for _ in range(count))
-    return {
-        "p50_ms": round(statistics.median(times) * 1000, 1),
-        "p95_ms": round(times[min(len(times) - 1, round(0.95 * (len(times) - 1)))] * 1000, 1),
-    }
 
 
 def run_variant(
@@ -113,8 +103,8 @@ def run_variant(
             time.sleep(args.warmup)
             before = proc_sample(ex.proc.pid)
             t0 = time.monotonic()
-            r["scrape"] = timed(ex.port, args.scrapes, gzip=False)
-            r["gzip_scrape"] = timed(ex.port, args.scrapes, gzip=True)
+            r["scrape"] = scrapes(ex.port, args.scrapes, gzip=False)
+            r["gzip_scrape"] = scrapes(ex.port, args.scrapes, gzip=True)
             remaining = args.churn_seconds - (time.monotonic() - t0)
             if remaining > 0:
                 time.sleep(remaining)
@@ -167,9 +157,7 @@ def summarize(rounds: list[list[dict[str, Any]]]) -> dict[str, Any]:
         }
     for name, base in (("latency", "off"), ("on", "off"), ("on", "latency")):
         if name in by and base in by:
-            out[f"{name}_vs_{base}"] = {
-                key: round(out[name][key] / out[base][key], 3) for key in out[name] if out[base][key]
-            }
+            out[f"{name}_vs_{base}"] = ratios(out[name], out[base])
     return out
 
 
@@ -202,15 +190,18 @@ def main() -> int:
         sink_port = free_port()
         sink = subprocess.Popen([sys.executable, "-m", "bench.sink", str(sink_port)])
         try:
-            if args.kubeconfig:
-                results["rounds"] = measure(args.kubeconfig, args, variants, workdir, sink_port)
-            else:
-                w = Workload(claims=args.claims, namespaces=NAMESPACES, classes=50, pods=not args.no_pods)
-                with running(workdir / "tb", binaries=find_binaries()) as tb:
-                    admin = KubeClient(load_credentials(str(tb.kubeconfig)), max_connections=32)
-                    results["load_s"] = round(load(admin, w, concurrency=16), 1)
-                    print(f"loaded {args.claims} claims in {results['load_s']} s", flush=True)
-                    results["rounds"] = measure(str(tb.kubeconfig), args, variants, workdir, sink_port)
+            w = Workload(claims=args.claims, namespaces=NAMESPACES, classes=50, pods=not args.no_pods)
+            results["rounds"] = on_testbed(
+                args.kubeconfig,
+                w,
+                workdir,
+                lambda kubeconfig: alternating_rounds(
+                    variants,
+                    args.rounds,
+                    lambda v: run_variant(v, kubeconfig, args.claims, args, workdir, sink_port),
+                ),
+                results,
+            )
         finally:
             sink.terminate()
     results["summary"] = summarize(results["rounds"])
@@ -218,17 +209,6 @@ def main() -> int:
     if args.json:
         write_json(args.json, results)
     return 0
-
-
-def measure(
-    kubeconfig: str, args: argparse.Namespace, variants: list[str], workdir: Path, sink_port: int
-) -> list[list[dict[str, Any]]]:
-    rounds = []
-    for i in range(args.rounds):
-        order = variants if i % 2 == 0 else variants[::-1]
-        print(f"round {i + 1}: {', '.join(order)}", flush=True)
-        rounds.append([run_variant(v, kubeconfig, args.claims, args, workdir, sink_port) for v in order])
-    return rounds
 
 
 if __name__ == "__main__":
