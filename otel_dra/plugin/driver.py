@@ -255,11 +255,13 @@ class Driver:
             name,
             attributes=attributes,
             context=self.spans.derived_parent(trace_id, name),
-            links=[(rpc.span_context(), None)] if rpc is not None else (),
+            # The spans themselves, not their contexts: their ids are then reserved on the span
+            # worker, after the call, rather than here (two sampler decisions per claim).
+            links=[(rpc, None)] if rpc is not None else (),
             record_exceptions=False,
         )
         if rpc is not None:
-            rpc.add_link(span.span_context(), {LINK_CLAIM_UID: ref.uid})
+            rpc.add_link(span, {LINK_CLAIM_UID: ref.uid})
         return span
 
     # --- prepare -------------------------------------------------------------------------------

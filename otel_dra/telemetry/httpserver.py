@@ -274,7 +274,7 @@ class HttpServer:
         next_sweep = time.monotonic() + _SWEEP
         try:
             while not self._stopping:
-                for key, _mask in sel.select(_SWEEP):
+                for key, _mask in sel.select(self._select_timeout(next_sweep)):
                     if key.fileobj is self.socket:
                         self._accept()
                     elif key.fileobj is self._wake_r:
@@ -499,6 +499,15 @@ class HttpServer:
             self._parse(conn)  # a pipelined request, already received
         elif isinstance(conn.sock, ssl.SSLSocket) and conn.sock.pending():
             self._on_readable(conn)
+
+    def _select_timeout(self, next_sweep: float) -> float | None:
+        """How long the selector may sleep: until the next sweep while a connection has a deadline
+        or accepting is paused, for ever otherwise (woken by a connection, a worker or stop). An
+        idle server then costs nothing: sweeping four times a second was a third of the example
+        plugin's CPU between calls."""
+        if self._accepting and not any(c.events for c in self._connections.values()):
+            return None
+        return max(0.0, next_sweep - time.monotonic())
 
     def _sweep(self, now: float) -> None:
         if not self._accepting and len(self._connections) < self.limits.max_connections:

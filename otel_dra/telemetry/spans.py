@@ -148,7 +148,7 @@ class RecordedSpan:
         parent: RecordedSpan | None,
         parent_context: context_api.Context | None,
         record_exceptions: bool,
-        links: list[tuple[SpanContext, dict[str, Any]]] | None = None,
+        links: list[tuple[LinkTarget, dict[str, Any]]] | None = None,
     ) -> None:
         self._recorder = recorder
         self.name = name
@@ -158,7 +158,7 @@ class RecordedSpan:
         self.parent_context = parent_context  # a root's (remote) parent, as extracted from the caller
         self.record_exceptions = record_exceptions
         self.events: list[tuple[str, dict[str, Any], int]] = []
-        self.links: list[tuple[SpanContext, dict[str, Any]]] = links if links is not None else []
+        self.links: list[tuple[LinkTarget, dict[str, Any]]] = links if links is not None else []
         self.status: Status | None = None
         self.span_id: int | None = None  # reserved only when the span's context is propagated
         self.trace_id: int | None = None  # the same, for a root without a valid remote parent
@@ -182,15 +182,17 @@ class RecordedSpan:
         kind: SpanKind = SpanKind.INTERNAL,
         attributes: Mapping[str, Any] | None = None,
         record_exceptions: bool = True,
-        links: Sequence[tuple[SpanContext, Mapping[str, Any] | None]] = (),
+        links: Sequence[tuple[LinkTarget, Mapping[str, Any] | None]] = (),
     ) -> RecordedSpan:
         return RecordedSpan(
             self._recorder, name, kind, dict(attributes or {}), self, None, record_exceptions, _links(links)
         )
 
-    def add_link(self, context: SpanContext, attributes: Mapping[str, Any] | None = None) -> None:
+    def add_link(self, context: LinkTarget, attributes: Mapping[str, Any] | None = None) -> None:
         """A link to ``context`` (another span, of this trace or another), as the SDK's
-        ``Span.add_link``; exported with the links given at start, in the order added."""
+        ``Span.add_link``; exported with the links given at start, in the order added. A recorded
+        span rather than its ``span_context()`` defers reserving its ids to the worker (see
+        :func:`_link`)."""
         self.links.append((context, dict(attributes or {})))
 
     def set_attribute(self, key: str, value: Any) -> None:
@@ -259,13 +261,16 @@ class RecordedSpan:
         root = self._root
         recorder = self._recorder
         assert recorder._ids is not None  # a RecordedSpan exists only with an SDK tracer
-        if root.flags is None:
-            recorder._decide(root)
-        assert root.flags is not None
-        if self.span_id is None:
-            self.span_id = recorder._ids.inner.generate_span_id()
-        trace_id = root.trace_id if root.trace_id is not None else root.remote_parent().trace_id
-        return trace_id, self.span_id, root.flags
+        # The call and the worker may both reserve (a link the worker resolves to a call still
+        # running): one decision, one id.
+        with recorder._reserve_lock:
+            if root.flags is None:
+                recorder._decide(root)
+            assert root.flags is not None
+            if self.span_id is None:
+                self.span_id = recorder._ids.inner.generate_span_id()
+            trace_id = root.trace_id if root.trace_id is not None else root.remote_parent().trace_id
+            return trace_id, self.span_id, root.flags
 
     def remote_parent(self) -> SpanContext:
         return trace.get_current_span(self.parent_context).get_span_context()
@@ -283,11 +288,11 @@ class _NoSpan:
         kind: SpanKind = SpanKind.INTERNAL,
         attributes: Mapping[str, Any] | None = None,
         record_exceptions: bool = True,
-        links: Sequence[tuple[SpanContext, Mapping[str, Any] | None]] = (),
+        links: Sequence[tuple[LinkTarget, Mapping[str, Any] | None]] = (),
     ) -> _NoSpan:
         return self
 
-    def add_link(self, context: SpanContext, attributes: Mapping[str, Any] | None = None) -> None:
+    def add_link(self, context: LinkTarget, attributes: Mapping[str, Any] | None = None) -> None:
         pass
 
     def span_context(self) -> SpanContext:
@@ -321,12 +326,31 @@ class _NoSpan:
 _NO_SPAN = _NoSpan()
 
 
-def _links(links: Sequence[tuple[SpanContext, Mapping[str, Any] | None]]) -> list[tuple[SpanContext, dict[str, Any]]]:
+# What traced code holds: a recorded span, or the one that does nothing.
+SpanHandle = RecordedSpan | _NoSpan
+# What a link points at: a span context, or a span of ours whose context is taken when the link is
+# made into the SDK's (on the worker), so that linking costs the call no sampler decision nor ids.
+LinkTarget = SpanContext | SpanHandle
+
+
+def _links(links: Sequence[tuple[LinkTarget, Mapping[str, Any] | None]]) -> list[tuple[LinkTarget, dict[str, Any]]]:
     return [(context, dict(attributes or {})) for context, attributes in links]
 
 
-# What traced code holds: a recorded span, or the one that does nothing.
-SpanHandle = RecordedSpan | _NoSpan
+def _link(target: LinkTarget, attributes: dict[str, Any], reserve: bool) -> Link | None:
+    """The SDK's link to ``target``; None for a span that does nothing (no context to link to),
+    and, unless ``reserve``, for a span whose ids are not reserved yet (a sampler's view of the
+    links: asking for them there could come back to the span being decided)."""
+    if isinstance(target, SpanContext):
+        return Link(target, attributes)
+    if isinstance(target, RecordedSpan) and not reserve and (target._root.flags is None or target.span_id is None):
+        return None
+    context = target.span_context()
+    return Link(context, attributes) if context.is_valid else None
+
+
+def _sdk_links(links: Sequence[tuple[LinkTarget, dict[str, Any]]], *, reserve: bool = True) -> list[Link]:
+    return [link for target, attributes in links if (link := _link(target, attributes, reserve)) is not None]
 
 
 class SpanRecorder:
@@ -371,6 +395,8 @@ class SpanRecorder:
         )
         self._calls = 0  # roots started and not ended: the calls running now
         self._calls_lock = threading.Lock()
+        # RecordedSpan._reserve; reentrant: a decision looks at the links' spans.
+        self._reserve_lock = threading.RLock()
         self._idle_export_paused_until = 0.0
 
     def start(
@@ -381,7 +407,7 @@ class SpanRecorder:
         attributes: Mapping[str, Any] | None = None,
         context: context_api.Context | None = None,
         record_exceptions: bool = True,
-        links: Sequence[tuple[SpanContext, Mapping[str, Any] | None]] = (),
+        links: Sequence[tuple[LinkTarget, Mapping[str, Any] | None]] = (),
     ) -> SpanHandle:
         """A root span; ``context``: the caller's, with its remote parent if it sent one (or
         :meth:`derived_parent`'s); ``links``: (span context, attributes) pairs."""
@@ -483,7 +509,7 @@ class SpanRecorder:
         else:
             trace_id = root.trace_id = self._ids.inner.generate_trace_id()
             random_id = self._ids.inner.is_trace_id_random()
-        links = [Link(c, a) for c, a in root.links]
+        links = _sdk_links(root.links, reserve=False)
         result = self._sampler.should_sample(
             root.parent_context, trace_id, root.name, root.kind, root.attributes, links
         )
@@ -501,6 +527,10 @@ class SpanRecorder:
             for s in spans:
                 if s.end_ns is None:
                     continue  # never ended: as with the SDK, not exported (nor its children)
+                # Ids reserved before the SDK span is made, always: a span of another trace, made
+                # later, may link to this one (links resolve on this thread, see _link) and must
+                # find the ids it was exported with.
+                s._reserve()
                 if s.parent is None:
                     context = s.parent_context
                     ids.trace_id = s.trace_id
@@ -516,7 +546,7 @@ class SpanRecorder:
                         context=context,
                         kind=s.kind,
                         attributes=s.attributes,
-                        links=[Link(c, a) for c, a in s.links],
+                        links=_sdk_links(s.links),
                         start_time=s.start_ns,
                         record_exception=False,
                         set_status_on_exception=False,

@@ -250,6 +250,33 @@ def test_simulated_health_directory(tmp_path, caplog):
         source.stop()
 
 
+def test_a_poll_that_finds_nothing_new_refreshes_every_devices_checked_time(tmp_path):
+    """The stream's last_updated_time: every device's checked time moves with each poll, sick or
+    not, without the poll rewriting each device's entry."""
+    now = [1000.0]
+    state = HealthState(clock=lambda: now[0])
+    state.set_devices(["gpu-0", "gpu-1", "gpu-2"])
+    source = SimulatedHealth(state, tmp_path / "health", poll_seconds=3600)
+    source.directory.mkdir()
+    (source.directory / "gpu-2").write_text("unknown: no answer\n")
+    now[0] = 1005.0
+    source.poll()
+    now[0] = 1010.0
+    source.poll()
+    assert {e.device: (e.health, e.checked) for e in state.snapshot()} == {
+        "gpu-0": (Health.HEALTHY, 1010.0),
+        "gpu-1": (Health.HEALTHY, 1010.0),
+        "gpu-2": (Health.UNKNOWN, 1010.0),
+    }
+    assert state.get("gpu-2").since == 1005.0 and state.get("gpu-0").checked == 1010.0
+    (source.directory / "gpu-2").unlink()
+    now[0] = 1020.0
+    source.poll()
+    assert state.get("gpu-2").health == Health.HEALTHY and state.get("gpu-2").since == 1020.0
+    streams = HealthStreams(state, "node-a")
+    assert {d.last_updated_time for d in streams.response(health_v1).devices} == {1020}
+
+
 def test_taints_of_unhealthy_devices_only():
     state = HealthState(clock=lambda: 1767225600.0)  # 2026-01-01T00:00:00Z
     state.set_devices(["gpu-0", "gpu-1", "gpu-2"])

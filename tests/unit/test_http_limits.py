@@ -363,3 +363,24 @@ def test_limits_flags_and_environment(monkeypatch):
     assert web_options(build_parser().parse_args(["plugin", "--node-name", "n"])).limits.idle_timeout == 30.0
     with pytest.raises(SystemExit):
         build_parser().parse_args(["exporter", "--web-max-requests", "0"])
+
+
+def _wakeups(native_id: int) -> int:
+    """Times the thread has been scheduled (the third field of its schedstat)."""
+    return int(open(f"/proc/self/task/{native_id}/schedstat").read().split()[2])
+
+
+def test_an_idle_server_sleeps_until_something_happens(server):
+    """Nothing open, nothing to time out: the selector thread does not wake (it swept four times
+    a second before, most of an idle plugin's CPU). With a keep-alive connection open it wakes
+    for its deadline, and still closes it (test_idle_keep_alive_connections_are_closed)."""
+    selector = next(t for t in threading.enumerate() if t.name == "metrics-http")
+    assert selector.native_id is not None
+    exchange(server.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    wait_until(lambda: server.connections() == 0)
+    time.sleep(0.3)  # the last sweep after the connection closed
+    before = _wakeups(selector.native_id)
+    time.sleep(1.5)
+    assert _wakeups(selector.native_id) - before <= 1
+    # ... and it still serves at once.
+    assert status(exchange(server.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")) == 200

@@ -404,6 +404,35 @@ def test_spans_of_two_traces_link_to_each_other_before_either_ended(recorders, m
     assert spans["step"].links == ()
 
 
+@both
+def test_links_to_spans_are_resolved_on_the_worker_with_the_ids_exported(recorders, made):
+    """Linking to a span (not its context) asks the sampler nothing during the call; the worker
+    resolves the links, in either order of the two traces, to the ids each span is exported with."""
+    sampler = _Asked()
+    provider, exporter = _provider(made, sampler=sampler)
+    recorder = recorders(provider)
+    rpc = recorder.start("rpc")
+    claims = []
+    for uid in ("a", "b"):
+        claim = recorder.start(f"claim {uid}", links=[(rpc, None)])
+        rpc.add_link(claim, {"uid": uid})
+        claims.append(claim)
+    assert sampler.asked == []  # nothing decided in the call
+    for claim in claims:
+        claim.end()  # the claims' traces are queued before the rpc's
+    rpc.end()
+    recorder.flush()
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert [(link.context.span_id, dict(link.attributes or {})) for link in spans["rpc"].links] == [
+        (spans["claim a"].context.span_id, {"uid": "a"}),
+        (spans["claim b"].context.span_id, {"uid": "b"}),
+    ]
+    for uid in ("a", "b"):
+        (back,) = spans[f"claim {uid}"].links
+        assert _ctx(spans["rpc"])[:2] == (back.context.trace_id, back.context.span_id)
+        assert spans[f"claim {uid}"].context.trace_id != spans["rpc"].context.trace_id
+
+
 class _Asked(Sampler):
     """ALWAYS_ON that keeps the parent span context and the trace id of every question."""
 
