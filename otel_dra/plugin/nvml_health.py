@@ -89,7 +89,7 @@ class NvmlHealth:
     ) -> list[str]:
         """This node's device names for a GPU: ``gpu-<i>``, or its MIG devices (all of them, or the
         one an event names by GPU and compute instance)."""
-        names = [e.device for e in self.state.snapshot()]
+        names = self.state.names()
         whole = [n for n in names if n == f"gpu-{index}" or n.startswith(f"gpu-{index}-mig-")]
         if gpu_instance != ALL_INSTANCES and compute_instance != ALL_INSTANCES:
             one = f"gpu-{index}-mig-{gpu_instance}-{compute_instance}"
