@@ -18,11 +18,13 @@ asks it later (deterministic for every sampler ``OTEL_TRACES_SAMPLER`` can name)
 elsewhere (a test's, a program embedding the plugin) gets the recorder's tracer's generator
 replaced instead, through the SDK's private layout (:mod:`otel_dra.telemetry.sdk_private`).
 
-Links: a span keeps (span context, attributes) pairs, given at start or added later
-(``add_link``), and the worker hands them all to ``start_span(links=...)`` (the sampler, asked
-during the call by ``span_context``/``inject``, sees the links there were then; the built-in
-samplers do not read them). ``span_context`` reserves a span's ids as ``inject`` does, so that two
-spans of different traces can link to each other while both still run. A root started with a
+Links: a span keeps (target, attributes) pairs, given at start or added later (``add_link``), and
+the worker hands them all to ``start_span(links=...)`` (the sampler, asked during the call by
+``span_context``/``inject``, sees the links there were then, those to spans whose ids are reserved;
+the built-in samplers do not read them). A target is a span context, or one of our spans: then its
+ids are reserved on the worker, when the link is made, or before the target itself is made,
+whichever comes first, so that two spans of different traces link to each other without a sampler
+decision in the call. ``span_context`` reserves a span's ids as ``inject`` does. A root started with a
 context whose current span is a remote span context (``traceids.parent_context``, say, or
 :meth:`SpanRecorder.derived_parent` for a trace whose ids every process derives from one key) is
 exported as a child of exactly that span, in its trace, the sampler asked with that parent.
@@ -127,6 +129,7 @@ class RecordedSpan:
         "events",
         "flags",
         "kind",
+        "linked",
         "links",
         "name",
         "parent",
@@ -160,7 +163,8 @@ class RecordedSpan:
         self.events: list[tuple[str, dict[str, Any], int]] = []
         self.links: list[tuple[LinkTarget, dict[str, Any]]] = links if links is not None else []
         self.status: Status | None = None
-        self.span_id: int | None = None  # reserved only when the span's context is propagated
+        self.span_id: int | None = None  # reserved only when the span's context is propagated or linked to
+        self.linked = False  # a link targets this span: its ids are reserved before it is made
         self.trace_id: int | None = None  # the same, for a root without a valid remote parent
         self.flags: TraceFlags | None = None  # a root's, once decided (only when propagated)
         self.trace_state: Any = None
@@ -193,6 +197,7 @@ class RecordedSpan:
         ``Span.add_link``; exported with the links given at start, in the order added. A recorded
         span rather than its ``span_context()`` defers reserving its ids to the worker (see
         :func:`_link`)."""
+        _mark(context)
         self.links.append((context, dict(attributes or {})))
 
     def set_attribute(self, key: str, value: Any) -> None:
@@ -334,7 +339,14 @@ LinkTarget = SpanContext | SpanHandle
 
 
 def _links(links: Sequence[tuple[LinkTarget, Mapping[str, Any] | None]]) -> list[tuple[LinkTarget, dict[str, Any]]]:
+    for target, _ in links:
+        _mark(target)
     return [(context, dict(attributes or {})) for context, attributes in links]
+
+
+def _mark(target: LinkTarget) -> None:
+    if isinstance(target, RecordedSpan):
+        target.linked = True
 
 
 def _link(target: LinkTarget, attributes: dict[str, Any], reserve: bool) -> Link | None:
@@ -527,10 +539,11 @@ class SpanRecorder:
             for s in spans:
                 if s.end_ns is None:
                     continue  # never ended: as with the SDK, not exported (nor its children)
-                # Ids reserved before the SDK span is made, always: a span of another trace, made
-                # later, may link to this one (links resolve on this thread, see _link) and must
-                # find the ids it was exported with.
-                s._reserve()
+                # A span that a link targets gets its ids before the SDK span is made: the linking
+                # span, perhaps of a trace made later (links resolve on this thread, see _link),
+                # must find the ids this one was exported with. Others are left to the SDK.
+                if s.linked:
+                    s._reserve()
                 if s.parent is None:
                     context = s.parent_context
                     ids.trace_id = s.trace_id

@@ -367,7 +367,8 @@ def test_limits_flags_and_environment(monkeypatch):
 
 def _wakeups(native_id: int) -> int:
     """Times the thread has been scheduled (the third field of its schedstat)."""
-    return int(open(f"/proc/self/task/{native_id}/schedstat").read().split()[2])
+    with open(f"/proc/self/task/{native_id}/schedstat") as f:
+        return int(f.read().split()[2])
 
 
 def test_an_idle_server_sleeps_until_something_happens(server):
