@@ -27,16 +27,19 @@ COMMON_DEVICE = "common"
 
 
 class CdiWriter:
-    def __init__(self, root: Path, driver_name: str, node_name: str) -> None:
+    """``cdi_class``: the device profile's (gpu, cpu, net)."""
+
+    def __init__(self, root: Path, driver_name: str, node_name: str, cdi_class: str = CDI_CLASS) -> None:
         self.root = root
         self.driver_name = driver_name
         self.node_name = node_name
         self.vendor = f"k8s.{driver_name}"
-        self.kind = f"{self.vendor}/{CDI_CLASS}"
+        self.cdi_class = cdi_class
+        self.kind = f"{self.vendor}/{cdi_class}"
 
     def _spec_path(self, transient_id: str) -> Path:
         # The CDI library's transient spec name: <vendor>-<class>_<id>.
-        return self.root / f"{self.vendor}-{CDI_CLASS}_{transient_id}.json"
+        return self.root / f"{self.vendor}-{self.cdi_class}_{transient_id}.json"
 
     def claim_spec_path(self, claim_uid: str) -> Path:
         return self._spec_path(claim_uid)
@@ -54,7 +57,8 @@ class CdiWriter:
         return path
 
     def device_ids(self, claim_uid: str, device_name: str) -> list[str]:
-        """The fully qualified CDI device ids returned to the kubelet for one allocated device. The
+        """The fully qualified CDI device ids returned to the kubelet for one allocated device (or
+        share of one: ``device_name`` is then ``<device>-<shareID>``). The
         device's own id first: the kubelet names the device by the first id in the pod's
         allocatedResourcesStatus (resourceID), and drops entries whose resourceID repeats, so with
         the common id first every device read ``...=common`` and a claim of two showed one."""

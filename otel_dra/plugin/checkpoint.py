@@ -44,6 +44,9 @@ class PreparedDevice:
     # only at the first prepare), so that a lost spec is written again the same. Empty in entries of
     # older plugin versions: the driver then recomputes the defaults.
     container_env: tuple[str, ...] = ()
+    # The allocation's shareID when the device allows several allocations (it keys the device's
+    # entry in the claim's status.devices); "" otherwise and in entries of older plugin versions.
+    share_id: str = ""
 
 
 @record(frozen=True)
@@ -80,6 +83,7 @@ class PreparedClaim:
                     device_name=str(d["device_name"]),
                     cdi_device_ids=tuple(str(c) for c in d["cdi_device_ids"]),
                     container_env=tuple(str(e) for e in d.get("container_env") or ()),
+                    share_id=str(d.get("share_id") or ""),
                 )
             )
         return cls(namespace=str(data["namespace"]), name=str(data["name"]), devices=tuple(devices))

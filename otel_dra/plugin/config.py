@@ -20,7 +20,10 @@ device ``gpu-0`` of claim ``U`` without a config::
     GPU_DEVICE_0_TIMESLICE_INTERVAL=Default
 
 (``GPU_DEVICE_<n>_PARTITION_COUNT`` instead of the interval for ``SpacePartitioning``, and
-``GPU_DEVICE_<n>_MEMORY`` / ``_COMPUTE`` when the allocation consumed that capacity). Upstream
+``GPU_DEVICE_<n>_MEMORY`` / ``_COMPUTE`` when the allocation consumed that capacity). Beyond
+upstream: a share of a device (``shareID``) gets ``_SHARE_ID`` and the share in ``<n>``, and the
+device profile's own variables (a partition's ``_PARENT``, a NUMA node's ``_CPUSET``, a NIC's
+``_INTERFACE``; :mod:`otel_dra.plugin.profiles`). Upstream
 (v0.4.0, cmd/dra-example-kubeletplugin/cdi.go and internal/profiles/gpu/gpu.go) really spells the
 claim variable with the whole device name (``GPU_0``) and the others with the name after ``gpu-``,
 and ``DRA_ADMIN_ACCESS`` is the claim's: true on every device once any result has admin access.
@@ -67,11 +70,12 @@ class GpuConfig:
     interval: str = DEFAULT_INTERVAL  # TimeSlicing
     partition_count: int = DEFAULT_PARTITION_COUNT  # SpacePartitioning
 
-    def env(self, device_name: str, consumed: Mapping[str, str] | None = None) -> list[str]:
+    def env(self, device_name: str, consumed: Mapping[str, str] | None = None, n: str | None = None) -> list[str]:
         """Upstream's per-device variables (applyGpuConfig): the device, its strategy and setting,
         and the capacity the allocation consumed (``consumedCapacity``, quantities as the API
-        server wrote them: its canonical form, as Go's Quantity.String())."""
-        n = env_id(device_name)
+        server wrote them: its canonical form, as Go's Quantity.String()). ``n``: the variables'
+        id, when not the device's own (a share of it)."""
+        n = env_id(device_name) if n is None else n
         env = [f"GPU_DEVICE_{n}={device_name}", f"GPU_DEVICE_{n}_SHARING_STRATEGY={self.strategy}"]
         if self.strategy == TIME_SLICING:
             env.append(f"GPU_DEVICE_{n}_TIMESLICE_INTERVAL={self.interval}")
@@ -96,16 +100,37 @@ def device_env(
     claim_uid: str,
     device_name: str,
     admin_access: bool,
-    config: GpuConfig,
+    config: GpuConfig | None,
     consumed: Mapping[str, str] | None = None,
+    *,
+    share_id: str = "",
+    static: Mapping[str, str] | None = None,
+    prefix: str = "GPU",
 ) -> list[str]:
-    """All variables of one prepared device, in upstream's order (CreateClaimSpecFile, then the config's)."""
-    key = _NON_WORD.sub("_", device_name).upper()
-    return [
-        f"GPU_DEVICE_{key}_RESOURCE_CLAIM={claim_uid}",
+    """All variables of one prepared device, in upstream's order (CreateClaimSpecFile, then the
+    config's), then ours: the share (``<PREFIX>_DEVICE_<n>_SHARE_ID``; a share's variables carry its
+    id in ``<n>``, so two shares of one device in one container do not collide) and what the device
+    profile sets for every prepare of the device (``static``: its CPU set, its interface, its parent
+    GPU). ``config`` is None for profiles without opaque configuration (cpu, net): their variables
+    are the device and every consumed capacity."""
+    share = "_" + _NON_WORD.sub("_", share_id).upper() if share_id else ""
+    key = _NON_WORD.sub("_", device_name).upper() + share
+    n = env_id(device_name) + share
+    env = [
+        f"{prefix}_DEVICE_{key}_RESOURCE_CLAIM={claim_uid}",
         f"DRA_ADMIN_ACCESS={'true' if admin_access else 'false'}",
-        *config.env(device_name, consumed),
     ]
+    if config is not None:
+        env.extend(config.env(device_name, consumed, n))
+    else:
+        env.append(f"{prefix}_DEVICE_{n}={device_name}")
+        env.extend(
+            f"{prefix}_DEVICE_{n}_{_NON_WORD.sub('_', k).upper()}={v}" for k, v in sorted((consumed or {}).items())
+        )
+    if share_id:
+        env.append(f"{prefix}_DEVICE_{n}_SHARE_ID={share_id}")
+    env.extend(f"{prefix}_DEVICE_{n}_{k}={v}" for k, v in (static or {}).items())
+    return env
 
 
 def parse_gpu_config(parameters: Any) -> GpuConfig:
@@ -158,6 +183,15 @@ def _only(obj: Mapping[str, Any], allowed: set[str], what: str) -> None:
     unknown = sorted(set(obj) - allowed)
     if unknown:
         raise ConfigError(f"unknown field(s) in {what}: {', '.join(unknown)}")
+
+
+def refuse_configs(allocation_config: Any, driver_name: str) -> None:
+    """For device profiles that take no opaque configuration: an entry of this driver is an error
+    (rather than silently ignored: the user meant it to do something)."""
+    for i, entry in enumerate(allocation_config if isinstance(allocation_config, list) else []):
+        opaque = entry.get("opaque") if isinstance(entry, Mapping) else None
+        if isinstance(opaque, Mapping) and opaque.get("driver") == driver_name:
+            raise ConfigError(f"config[{i}]: this driver's device profile takes no opaque parameters")
 
 
 @record(frozen=True)

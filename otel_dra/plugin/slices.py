@@ -31,13 +31,27 @@ from urllib.parse import quote
 
 from otel_dra.kube.client import ApiError, KubeClient
 from otel_dra.kube.quantity import parse_quantity
-from otel_dra.plugin.devices import Device
+from otel_dra.plugin.devices import FEATURES, PARTITION_TYPE, PARTITIONABLE, Device, Pool, without
 from otel_dra.plugin.registration import go_to_lower
 
 log = logging.getLogger(__name__)
 
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 MAX_DEVICES_PER_SLICE = 128
+# With taints or consumed counters on any device of a slice (resource.k8s.io/v1, 1.35 and later).
+MAX_DEVICES_PER_SLICE_WITH_EXTRAS = 64
+MAX_COUNTER_SETS_PER_SLICE = 8
+# Until 1.34 a device consumed counter sets of its own slice; since 1.35 counter sets are in slices
+# of their own ("only one of sharedCounters or devices is allowed") that devices refer to by name.
+SEPARATE_COUNTER_SLICES_SINCE = (1, 35)
+# The fields a feature adds, as the API server names them in a rejection (422) and in what it wrote.
+FEATURE_FIELDS = {
+    PARTITIONABLE: ("sharedCounters", "consumesCounters"),
+    PARTITION_TYPE: ("partitionTypeAttribute",),
+    "consumable": ("allowMultipleAllocations", "requestPolicy"),
+    "binding": ("bindingConditions", "bindingFailureConditions", "bindsToNode"),
+    "node-allocatable": ("nodeAllocatableResources",),
+}
 # Seconds after a (re)registration at which the slices are checked again (see recheck_soon): a few
 # LISTs of the node's own slices per registration.
 RECHECK_AFTER_REGISTRATION = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0)
@@ -64,22 +78,92 @@ def slice_name(node_name: str, driver_name: str, index: int) -> str:
     return f"{prefix}-{digest}-{index}"
 
 
+def _number(value: Any) -> float | None:
+    try:
+        return parse_quantity(value)
+    except (ValueError, TypeError):
+        return None
+
+
+def _quantities(value: Any) -> Any:
+    """Quantities anywhere in a policy or mapping as numbers (the server writes them canonically:
+    ``10240Mi`` comes back as ``10Gi``); other values as they are."""
+    if isinstance(value, dict):
+        return {k: _quantities(v) for k, v in sorted(value.items())}
+    if isinstance(value, list):
+        return [_quantities(v) for v in value]
+    if isinstance(value, str):
+        number = _number(value)
+        return value if number is None else number
+    return value
+
+
+def _counters(counters: Any) -> dict[str, float | None]:
+    return {str(k): _number(v.get("value") if isinstance(v, dict) else None) for k, v in (counters or {}).items()}
+
+
 def _comparable(devices: Sequence[Any]) -> list[Any]:
     """Devices reduced to what we publish, with quantities as numbers (``80Gi`` == 85899345920)."""
     out = []
     for d in devices:
         if not isinstance(d, dict):
             return [None]  # something we did not write: never equal
-        capacity: dict[str, float | None] = {}
+        capacity: dict[str, Any] = {}
         for key, value in (d.get("capacity") or {}).items():
-            try:
-                capacity[key] = parse_quantity(value.get("value") if isinstance(value, dict) else None)
-            except ValueError:
-                capacity[key] = None
+            entry = value if isinstance(value, dict) else {}
+            capacity[key] = (_number(entry.get("value")), _quantities(entry.get("requestPolicy")))
         # Taints without timeAdded: ours carry it, and what the server wrote back may spell it otherwise.
         taints = [(t.get("key"), t.get("value"), t.get("effect")) for t in d.get("taints") or [] if isinstance(t, dict)]
-        out.append((d.get("name"), d.get("attributes") or {}, capacity, taints))
+        consumes = [
+            (c.get("counterSet"), _counters(c.get("counters")))
+            for c in d.get("consumesCounters") or []
+            if isinstance(c, dict)
+        ]
+        extras = (
+            d.get("allowMultipleAllocations") is True,
+            d.get("bindsToNode") is True,
+            list(d.get("bindingConditions") or []),
+            list(d.get("bindingFailureConditions") or []),
+            _quantities(d.get("nodeAllocatableResources") or {}),
+        )
+        out.append((d.get("name"), d.get("attributes") or {}, capacity, taints, consumes, extras))
     return out
+
+
+def _comparable_spec(spec: Mapping[str, Any]) -> Any:
+    shared = [
+        (c.get("name"), _counters(c.get("counters"))) for c in spec.get("sharedCounters") or [] if isinstance(c, dict)
+    ]
+    return (_comparable(spec.get("devices") or []), shared, spec.get("partitionTypeAttribute") or "")
+
+
+def dropped_features(sent: Mapping[str, Any], kept: Any) -> set[str]:
+    """The features whose fields we sent in a slice's spec and the API server did not keep (it
+    drops the fields of a feature gate that is off, without an error)."""
+    kept_spec = kept.get("spec") if isinstance(kept, dict) else None
+    if not isinstance(kept_spec, dict):
+        return set()
+
+    def used(spec: Mapping[str, Any], names: Sequence[str]) -> bool:
+        if any(spec.get(n) for n in names):
+            return True
+        for d in spec.get("devices") or []:
+            if not isinstance(d, dict):
+                continue
+            if any(d.get(n) for n in names):
+                return True
+            if "requestPolicy" in names and any(
+                isinstance(c, dict) and c.get("requestPolicy") for c in (d.get("capacity") or {}).values()
+            ):
+                return True
+        return False
+
+    return {f for f, names in FEATURE_FIELDS.items() if used(sent, names) and not used(kept_spec, names)}
+
+
+def rejected_features(message: str) -> set[str]:
+    """The features whose fields a rejection (422) names: a gate that is off can also forbid them."""
+    return {f for f, names in FEATURE_FIELDS.items() if any(n in message for n in names)}
 
 
 def _with_taints(device: Device, taints: Mapping[str, list[dict[str, str]]]) -> dict[str, Any]:
@@ -96,13 +180,16 @@ class SlicePublisher:
         *,
         driver_name: str,
         node_name: str,
-        discover: Callable[[], list[Device]],
+        discover: Callable[[], Pool | list[Device]],
         on_devices: Callable[[list[Device]], None] | None = None,
         on_fatal: Callable[[BaseException], None] | None = None,
         resync: float = 30.0,
         device_taints: Callable[[], Mapping[str, list[dict[str, str]]]] | None = None,
+        separate_counter_slices: bool | None = None,
     ) -> None:
-        """``device_taints`` gives the taints to publish per device name (health.DeviceTaints)."""
+        """``device_taints`` gives the taints to publish per device name (health.DeviceTaints);
+        ``separate_counter_slices``: whether counter sets go in slices of their own (None: as the
+        API server's version says, read when the first pool with counter sets is published)."""
         self.client = client
         self._device_taints = device_taints
         self._taints_dropped = False
@@ -122,6 +209,9 @@ class SlicePublisher:
         self.publishes = 0  # reconciles that wrote something (tests and logs)
         self._owner: dict[str, Any] | None = None  # the Node's owner reference, once read
         self._warned_no_node = False
+        # Features (devices.FEATURES) this API server does not take, found when publishing.
+        self.features_off: set[str] = set()
+        self._separate_counters = separate_counter_slices
 
     # --- the owner: this node's Node object ----------------------------------------------------
     def node_owner(self, *, refresh: bool) -> dict[str, Any] | None:
@@ -156,21 +246,23 @@ class SlicePublisher:
         items = self.client.get_json(SLICES_PATH, {"fieldSelector": selector}).get("items") or []
         return [s for s in items if isinstance(s, dict)]
 
-    def publish(self, devices: Sequence[Device]) -> bool:
-        """Make the API server hold exactly ``devices``; True when something was written."""
-        chunks = [list(devices[i : i + MAX_DEVICES_PER_SLICE]) for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)]
-        chunks = chunks or [[]]  # an empty pool is still published, so consumers see the node has none
-        desired = {slice_name(self.node_name, self.driver_name, i): chunk for i, chunk in enumerate(chunks)}
+    def publish(self, pool: Pool | Sequence[Device]) -> bool:
+        """Make the API server hold exactly ``pool`` (less the features it does not take, see
+        :meth:`sync`); True when something was written."""
+        if not isinstance(pool, Pool):
+            pool = Pool(tuple(pool))
+        pool = without(pool, self.features_off)
         taints = self._device_taints() if self._device_taints is not None and not self._taints_dropped else {}
+        desired = self.layout(pool, taints)
         existing = {s.get("metadata", {}).get("name", ""): s for s in self.list_own()}
         generations = [int((s.get("spec", {}).get("pool") or {}).get("generation") or 0) for s in existing.values()]
-        if self._up_to_date(existing, desired, taints, self.node_owner(refresh=False)):
+        if self._up_to_date(existing, desired, self.node_owner(refresh=False)):
             self.generation = max(generations, default=0)
             return False
         owner = self.node_owner(refresh=True)  # the Node may have been re-created: its UID now
         generation = max(generations, default=0) + 1
-        for name, chunk in desired.items():
-            body = self._slice(name, chunk, generation, len(desired), taints, owner)
+        for name, part in desired.items():
+            body = self._slice(name, part, generation, len(desired), owner)
             current = existing.get(name)
             if current is None:
                 answer = self.client.send_json("POST", SLICES_PATH, body)
@@ -178,18 +270,87 @@ class SlicePublisher:
                 body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
                 answer = self.client.send_json("PUT", f"{SLICES_PATH}/{name}", body)
             self._check_taints_kept(body, answer)
+            dropped = dropped_features(body["spec"], answer) - self.features_off
+            if dropped:
+                self._turn_off(dropped, f"dropped by the API server from ResourceSlice {name}")
         for name in existing.keys() - desired.keys():
             self._delete(name)
         self.generation = generation
         self.publishes += 1
         log.info(
             "published %d device(s) in %d ResourceSlice(s) for pool %s, generation %d",
-            len(devices),
+            len(pool.devices),
             len(desired),
             self.pool_name,
             generation,
         )
         return True
+
+    def _turn_off(self, features: set[str], why: str) -> None:
+        """Leave ``features`` out of this pool from now on, said once in the log."""
+        self.features_off |= features
+        for feature in sorted(features):
+            log.warning(
+                "the API server does not take %s (%s; feature gate %s off, or a release without it): %s; "
+                "this node publishes without them from now on",
+                "/".join(FEATURE_FIELDS[feature]),
+                why,
+                FEATURES[feature],
+                {
+                    PARTITIONABLE: "partitions are left out, whole devices consume no counters",
+                    PARTITION_TYPE: "no partition type attribute on the slices",
+                    "consumable": "each device is allocated whole, to one claim at a time",
+                    "binding": "pods bind without waiting for device attachment",
+                    "node-allocatable": "allocations do not count against the node's allocatable resources",
+                }[feature],
+            )
+
+    def separate_counter_slices(self) -> bool:
+        """Whether this API server wants counter sets in slices of their own (1.35 on), read once."""
+        if self._separate_counters is None:
+            # Imported here: the version's ordered dataclass is start-up cost for every other profile.
+            from otel_dra.kube.version import read_server_version
+
+            server = read_server_version(self.client)
+            self._separate_counters = (server.major, server.minor) >= SEPARATE_COUNTER_SLICES_SINCE
+        return self._separate_counters
+
+    def layout(self, pool: Pool, taints: Mapping[str, list[dict[str, str]]]) -> dict[str, dict[str, Any]]:
+        """Slice name -> the pool-independent part of its spec (devices, sharedCounters,
+        partitionTypeAttribute)."""
+        devices = [_with_taints(d, taints) for d in pool.devices]
+        counter_sets = [c.to_api() for c in pool.counter_sets]
+        extras = any(d.get("taints") or d.get("consumesCounters") for d in devices)
+        per_slice = MAX_DEVICES_PER_SLICE_WITH_EXTRAS if extras else MAX_DEVICES_PER_SLICE
+        parts: list[dict[str, Any]] = []
+        if counter_sets and not self.separate_counter_slices():
+            # 1.34: each slice holds the counter sets its devices consume, whole groups per slice.
+            groups: dict[str, list[dict[str, Any]]] = {c["name"]: [] for c in counter_sets}
+            loose: list[dict[str, Any]] = []
+            for d in devices:
+                consumed = [c.get("counterSet") for c in d.get("consumesCounters") or []]
+                (groups[consumed[0]] if consumed and consumed[0] in groups else loose).append(d)
+            part: dict[str, Any] = {"devices": [], "sharedCounters": []}
+            for c in counter_sets:
+                group = groups[c["name"]]
+                full = len(part["sharedCounters"]) >= MAX_COUNTER_SETS_PER_SLICE
+                if part["devices"] and (full or len(part["devices"]) + len(group) > per_slice):
+                    parts.append(part)
+                    part = {"devices": [], "sharedCounters": []}
+                part["sharedCounters"].append(c)
+                part["devices"].extend(group)
+            parts.append(part)
+            devices, counter_sets = loose, []
+        for i in range(0, len(counter_sets), MAX_COUNTER_SETS_PER_SLICE):
+            parts.append({"sharedCounters": counter_sets[i : i + MAX_COUNTER_SETS_PER_SLICE]})
+        parts.extend({"devices": devices[i : i + per_slice]} for i in range(0, len(devices), per_slice))
+        if not any(p.get("devices") for p in parts):
+            parts.append({"devices": []})  # an empty pool is still published: consumers see the node has none
+        if pool.partition_type_attribute:
+            for p in parts:
+                if p.get("devices"):
+                    p["partitionTypeAttribute"] = pool.partition_type_attribute
+        return {slice_name(self.node_name, self.driver_name, i): p for i, p in enumerate(parts)}
 
     def _check_taints_kept(self, sent: dict[str, Any], answer: Any) -> None:
         """An API server without device taints (DRADeviceTaints off: alpha in 1.33/1.34) drops them
@@ -206,16 +367,12 @@ class SlicePublisher:
             )
 
     def _up_to_date(
-        self,
-        existing: dict[str, dict[str, Any]],
-        desired: dict[str, list[Device]],
-        taints: Mapping[str, list[dict[str, str]]],
-        owner: dict[str, Any] | None,
+        self, existing: dict[str, dict[str, Any]], desired: dict[str, dict[str, Any]], owner: dict[str, Any] | None
     ) -> bool:
         if set(existing) != set(desired):
             return False
         generations = set()
-        for name, chunk in desired.items():
+        for name, part in desired.items():
             if (existing[name].get("metadata") or {}).get("ownerReferences", []) != ([owner] if owner else []):
                 return False
             spec = existing[name].get("spec") or {}
@@ -223,18 +380,12 @@ class SlicePublisher:
             if pool.get("name") != self.pool_name or pool.get("resourceSliceCount") != len(desired):
                 return False
             generations.add(pool.get("generation"))
-            if _comparable(spec.get("devices") or []) != _comparable([_with_taints(d, taints) for d in chunk]):
+            if _comparable_spec(spec) != _comparable_spec(part):
                 return False
         return len(generations) == 1
 
     def _slice(
-        self,
-        name: str,
-        devices: list[Device],
-        generation: int,
-        count: int,
-        taints: Mapping[str, list[dict[str, str]]],
-        owner: dict[str, Any] | None,
+        self, name: str, part: dict[str, Any], generation: int, count: int, owner: dict[str, Any] | None
     ) -> dict[str, Any]:
         metadata: dict[str, Any] = {"name": name, "labels": {"app.kubernetes.io/managed-by": "otel-dra-plugin"}}
         if owner is not None:
@@ -247,7 +398,7 @@ class SlicePublisher:
                 "driver": self.driver_name,
                 "nodeName": self.node_name,
                 "pool": {"name": self.pool_name, "generation": generation, "resourceSliceCount": count},
-                "devices": [_with_taints(d, taints) for d in devices],
+                **part,
             },
         }
 
@@ -269,16 +420,33 @@ class SlicePublisher:
 
     # --- background loop -----------------------------------------------------------------------
     def sync(self) -> bool:
-        """Rediscover and publish once. Raises on failure (see :meth:`start` for the policy)."""
-        devices = self._discover()
-        if self._on_devices is not None:
-            self._on_devices(devices)
-        try:
-            return self.publish(devices)
-        except ApiError as exc:
-            if exc.status in FATAL_STATUSES:
-                raise FatalPublishError(f"the API server rejects this node's ResourceSlices: {exc}") from exc
-            raise
+        """Rediscover and publish once. Raises on failure (see :meth:`start` for the policy).
+
+        What the API server does not take is found by writing: it drops the fields of a feature
+        gate that is off (seen in what it wrote back) or, for some, rejects them (422 naming the
+        field). Either turns the feature off for this pool (said once in the log) and the pool is
+        published again without it, so the slices are the same at the next resync."""
+        found = self._discover()
+        pool = found if isinstance(found, Pool) else Pool(tuple(found))
+        for _ in range(len(FEATURE_FIELDS) + 1):
+            off = set(self.features_off)
+            if self._on_devices is not None:
+                self._on_devices(list(without(pool, off).devices))
+            try:
+                written = self.publish(pool)
+            except ApiError as exc:
+                if exc.status not in FATAL_STATUSES:
+                    raise
+                rejected = rejected_features(str(exc)) & pool.features() - self.features_off
+                if not rejected:
+                    raise FatalPublishError(f"the API server rejects this node's ResourceSlices: {exc}") from exc
+                self._turn_off(rejected, f"rejected: {exc}")
+                continue
+            if self.features_off == off:
+                return written
+        raise FatalPublishError(
+            "the pool kept changing while features were turned off"
+        )  # cannot happen: each pass turns one off
 
     def start(self) -> SlicePublisher:
         self._thread = threading.Thread(target=self._run, name="slice-publisher", daemon=True)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from otel_dra.plugin.checkpoint import PreparedClaim, PreparedDevice
-from otel_dra.plugin.config import DEFAULT, ConfigError, configs_by_request, device_env
+from otel_dra.plugin.config import DEFAULT, ConfigError, GpuConfig, configs_by_request, device_env, refuse_configs
 from otel_dra.records import record
 
 # (device name, container environment): one CDI device of a claim's spec.
@@ -54,7 +54,10 @@ class PreparedAllocation:
 
 class DeviceState:
     """What this node's driver prepares. ``published``: the device of that name this node
-    publishes, or None; ``device_ids``: the CDI device ids of (claim UID, device name)."""
+    publishes, or None; ``device_ids``: the CDI device ids of (claim UID, CDI device name: the
+    device's, or ``<device>-<shareID>`` for a share of it). ``env_prefix`` and ``gpu_config`` are the
+    device profile's: the variables' prefix, and whether claims configure devices with a GpuConfig
+    (the GPU profiles) or not at all (cpu, net: an opaque config of this driver is an error)."""
 
     def __init__(
         self,
@@ -62,21 +65,29 @@ class DeviceState:
         pool_name: str,
         published: Callable[[str], object | None],
         device_ids: Callable[[str, str], Sequence[str]],
+        *,
+        env_prefix: str = "GPU",
+        gpu_config: bool = True,
     ) -> None:
         self.driver_name = driver_name
         self.pool_name = pool_name
         self._published = published
         self._device_ids = device_ids
+        self.env_prefix = env_prefix
+        self.gpu_config = gpu_config
 
     def prepare(self, ref: ClaimRef, claim: Mapping[str, Any]) -> PreparedAllocation:
         """The prepared devices and CDI edits of ``claim``, the claim ``ref`` names."""
         results = self.results(ref, claim)
+        allocation_config = claim["status"]["allocation"]["devices"].get("config")
         try:
-            configs = configs_by_request(
-                claim["status"]["allocation"]["devices"].get("config"),
-                self.driver_name,
-                [r["request"] for r in results],
-            )
+            if self.gpu_config:
+                configs: Mapping[str, GpuConfig | None] = configs_by_request(
+                    allocation_config, self.driver_name, [r["request"] for r in results]
+                )
+            else:
+                configs = dict.fromkeys((r["request"] for r in results), None)
+                refuse_configs(allocation_config, self.driver_name)
         except ConfigError as exc:
             raise ClaimError("InvalidConfig", f"ResourceClaim {ref.namespace}/{ref.name}: {exc}") from exc
         # As upstream: admin access is the claim's (any result of any driver), for every device.
@@ -84,17 +95,29 @@ class DeviceState:
             isinstance(r, dict) and r.get("adminAccess") is True
             for r in claim["status"]["allocation"]["devices"]["results"]
         )
-        edits: dict[str, list[str]] = {}  # one CDI device per device, even if two requests got it
+        # One CDI device per device, or per share of a device, even if two requests got it.
+        edits: dict[str, list[str]] = {}
         for r in results:
-            env = device_env(ref.uid, r["device"], admin, configs[r["request"]], r["consumed"])
-            edits.setdefault(r["device"], env)
+            device = self._published(r["device"])
+            env = device_env(
+                ref.uid,
+                r["device"],
+                admin,
+                configs[r["request"]],
+                r["consumed"],
+                share_id=r["share_id"],
+                static=getattr(device, "env", None),
+                prefix=self.env_prefix,
+            )
+            edits.setdefault(cdi_name(r["device"], r["share_id"]), env)
         devices = tuple(
             PreparedDevice(
                 request_names=(r["request"],),
                 pool_name=r["pool"],
                 device_name=r["device"],
-                cdi_device_ids=tuple(self._device_ids(ref.uid, r["device"])),
-                container_env=tuple(edits[r["device"]]),
+                cdi_device_ids=tuple(self._device_ids(ref.uid, cdi_name(r["device"], r["share_id"]))),
+                container_env=tuple(edits[cdi_name(r["device"], r["share_id"])]),
+                share_id=r["share_id"],
             )
             for r in results
         )
@@ -121,12 +144,16 @@ class DeviceState:
             for r in results:
                 if r["driver"] != self.driver_name:
                     continue
+                share_id = r.get("shareID")
+                if share_id is not None and not isinstance(share_id, str):
+                    raise TypeError(f"shareID is not a string: {share_id!r}")
                 ours.append(
                     {
                         "request": str(r["request"]),
                         "pool": str(r["pool"]),
                         "device": str(r["device"]),
-                        "consumed": _quantities(r.get("consumedCapacity")),
+                        "consumed": _quantities(r.get("consumedCapacity"), self.driver_name),
+                        "share_id": share_id or "",
                     }
                 )
         except (KeyError, TypeError) as exc:
@@ -161,7 +188,8 @@ def prepared_edits(claim_uid: str, prepared: PreparedClaim) -> list[Edit]:
     """The CDI edits of a claim prepared before, from its checkpoint entry (the defaults for an
     entry of an older plugin version, which kept no environment)."""
     known = {
-        d.device_name: list(d.container_env) or device_env(claim_uid, d.device_name, False, DEFAULT)
+        cdi_name(d.device_name, d.share_id): list(d.container_env)
+        or device_env(claim_uid, d.device_name, False, DEFAULT)
         for d in prepared.devices
     }
     return list(known.items())
@@ -179,10 +207,17 @@ def allocated_as(ref: ClaimRef, claim: Mapping[str, Any]) -> bool:
     )
 
 
-def _quantities(value: Any) -> dict[str, str]:
-    """``consumedCapacity`` (name -> quantity) as strings; anything else is malformed."""
+def _quantities(value: Any, driver_name: str) -> dict[str, str]:
+    """``consumedCapacity`` (name -> quantity) as strings; anything else is malformed. A name
+    qualified with the driver's own domain (``gpu.example.com/memory``, which 1.38 also accepts for
+    ``memory``) is the capacity's plain name."""
     if value is None:
         return {}
     if not isinstance(value, dict) or not all(isinstance(v, (str, int, float)) for v in value.values()):
         raise TypeError(f"consumedCapacity is not a map of quantities: {value!r}")
-    return {str(k): str(v) for k, v in value.items()}
+    return {str(k).removeprefix(f"{driver_name}/"): str(v) for k, v in value.items()}
+
+
+def cdi_name(device_name: str, share_id: str) -> str:
+    """The name of a prepared device in the claim's CDI spec (after ``<claimUID>-``)."""
+    return f"{device_name}-{share_id}" if share_id else device_name
