@@ -355,7 +355,7 @@ class SlicePublisher:
     def _check_taints_kept(self, sent: dict[str, Any], answer: Any) -> None:
         """An API server without device taints (DRADeviceTaints off: alpha in 1.33/1.34) drops them
         silently; comparing with them would then rewrite the slices at every resync, for nothing."""
-        if self._taints_dropped or not any("taints" in d for d in sent["spec"]["devices"]):
+        if self._taints_dropped or not any("taints" in d for d in sent["spec"].get("devices") or []):
             return
         kept = answer.get("spec", {}).get("devices") if isinstance(answer, dict) else None
         if isinstance(kept, list) and not any(isinstance(d, dict) and d.get("taints") for d in kept):
@@ -428,12 +428,13 @@ class SlicePublisher:
         published again without it, so the slices are the same at the next resync."""
         found = self._discover()
         pool = found if isinstance(found, Pool) else Pool(tuple(found))
+        written = False
         for _ in range(len(FEATURE_FIELDS) + 1):
             off = set(self.features_off)
             if self._on_devices is not None:
                 self._on_devices(list(without(pool, off).devices))
             try:
-                written = self.publish(pool)
+                written = self.publish(pool) or written
             except ApiError as exc:
                 if exc.status not in FATAL_STATUSES:
                     raise
