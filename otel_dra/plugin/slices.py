@@ -162,8 +162,13 @@ def dropped_features(sent: Mapping[str, Any], kept: Any) -> set[str]:
 
 
 def rejected_features(message: str) -> set[str]:
-    """The features whose fields a rejection (422) names: a gate that is off can also forbid them."""
-    return {f for f, names in FEATURE_FIELDS.items() if any(n in message for n in names)}
+    """The features whose fields or gate a rejection names: a gate that is off can forbid a field
+    (422), and the API server's admission refuses node-allocatable resources for a node that does
+    not declare the feature (403 ``node "n" does not support DRANodeAllocatableResources feature``)."""
+    text = message.lower()
+    return {
+        f for f, names in FEATURE_FIELDS.items() if any(n.lower() in text for n in names) or FEATURES[f].lower() in text
+    }
 
 
 def _with_taints(device: Device, taints: Mapping[str, list[dict[str, str]]]) -> dict[str, Any]:
@@ -436,10 +441,12 @@ class SlicePublisher:
             try:
                 written = self.publish(pool) or written
             except ApiError as exc:
-                if exc.status not in FATAL_STATUSES:
+                if exc.status not in (*FATAL_STATUSES, 403):
                     raise
                 rejected = rejected_features(str(exc)) & pool.features() - self.features_off
                 if not rejected:
+                    if exc.status == 403:
+                        raise  # RBAC: retried, it may be granted
                     raise FatalPublishError(f"the API server rejects this node's ResourceSlices: {exc}") from exc
                 self._turn_off(rejected, f"rejected: {exc}")
                 continue

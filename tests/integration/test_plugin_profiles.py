@@ -5,15 +5,19 @@ next resync writes nothing). The workloads on a real kubelet: test_node_profiles
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from otel_dra.kube.client import KubeClient
+from otel_dra.kube.client import KubeClient, load_credentials
 from otel_dra.plugin.devices import NODE_ALLOCATABLE, PARTITION_TYPE, PARTITIONABLE, Device, Pool, without
 from otel_dra.plugin.profiles import ProfileOptions, build
 from otel_dra.plugin.slices import SLICES_PATH, SlicePublisher
+from otel_dra.testbed import Binaries, Testbed, running
 from otel_dra.testbed.build import kubernetes_release, version_key
+from otel_dra.testbed.controlplane import release_settings
+from tests.helpers import parse_samples, scrape, wait_until
 
 pytestmark = pytest.mark.testbed
 
@@ -94,3 +98,80 @@ def _fields_named(record: logging.LogRecord) -> str:
 
     text = record.getMessage()
     return " ".join(f for f, names in FEATURE_FIELDS.items() if "/".join(names) in text)
+
+
+@pytest.fixture(scope="module")
+def alpha_testbed(tmp_path_factory: pytest.TempPathFactory, testbed_binaries: Binaries) -> Iterator[Testbed]:
+    """A control plane with the alpha gates of the partition type and node-allocatable resources on."""
+    gates = {
+        **release_settings().feature_gates,
+        "DRAPartitionableDevicesType": True,
+        "DRAResourcePoolStatus": True,  # which DRAPartitionableDevicesType depends on
+        "DRANodeAllocatableResources": True,
+    }
+    with running(tmp_path_factory.mktemp("alpha"), binaries=testbed_binaries, feature_gates=gates) as testbed:
+        yield testbed
+
+
+@pytest.mark.kubernetes(min="1.37", reason="DRAPartitionableDevicesType is new in 1.37")
+def test_with_the_alpha_gates_on_nothing_is_left_out_and_the_exporter_sees_partition_types(
+    alpha_testbed: Testbed, start_exporter_app: Any
+) -> None:
+    client = KubeClient(load_credentials(str(alpha_testbed.kubeconfig)))
+    exporter = start_exporter_app(str(alpha_testbed.kubeconfig))
+    for profile, node in (("gpu-partitionable", "alpha-gpu"), ("cpu", "alpha-cpu")):
+        # With DRANodeAllocatableResources on, a slice whose devices map node resources must name a
+        # Node that declares the feature (its kubelet does, where its gate is on).
+        client.send_json("POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+        client.send_json(
+            "PATCH",
+            f"/api/v1/nodes/{node}/status",
+            {"status": {"declaredFeatures": ["DRANodeAllocatableResources"]}},
+            content_type="application/merge-patch+json",
+        )
+        pool = build(node, DRIVER, ProfileOptions(profile, count=2))
+        publisher = SlicePublisher(client, driver_name=DRIVER, node_name=node, discover=lambda pool=pool: pool)
+        assert publisher.sync() is True
+        assert publisher.features_off == set()
+        assert publisher.sync() is False
+    slices = _own(client, "alpha-gpu")
+    assert {s["spec"].get("partitionTypeAttribute") for s in slices if s["spec"].get("devices")} == {
+        f"{DRIVER}/profile"
+    }
+    [cpu_slice] = _own(client, "alpha-cpu")
+    assert cpu_slice["spec"]["devices"][0]["nodeAllocatableResources"] == {
+        "cpu": {"mapping": {"deviceMultiplier": "16"}}
+    }
+
+    def partitions() -> dict[str, float]:
+        _, text = scrape(exporter.port)
+        return {
+            lab["partition_type"]: v
+            for n, lab, v in parse_samples(text)
+            if n == "kube_resourcepool_partitions" and lab.get("pool") == "alpha-gpu"
+        }
+
+    # Per GPU one whole device and two halves, each shape its own partition type.
+    wait_until(lambda: partitions() == {"full": 2.0, "1of2": 4.0}, timeout=30, what="partition types in the exporter")
+
+
+@pytest.mark.kubernetes(min="1.37", reason="DRANodeAllocatableResources (1.36) with the 1.37 gate set")
+def test_a_node_without_the_node_allocatable_feature_gets_its_numa_nodes_without_mappings(
+    alpha_testbed: Testbed, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The API server's admission refuses (403) node-allocatable mappings for a Node that does not
+    declare the feature (its kubelet has the gate off): the mapping is left out, said once, and the
+    NUMA nodes are published without it instead of retrying forever."""
+    client = KubeClient(load_credentials(str(alpha_testbed.kubeconfig)))
+    node = "alpha-old-kubelet"
+    client.send_json("POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+    pool = build(node, DRIVER, ProfileOptions("cpu", count=2))
+    publisher = SlicePublisher(client, driver_name=DRIVER, node_name=node, discover=lambda: pool)
+    with caplog.at_level(logging.WARNING, logger="otel_dra.plugin.slices"):
+        assert publisher.sync() is True
+    assert publisher.features_off == {NODE_ALLOCATABLE}
+    assert any("does not support DRANodeAllocatableResources" in r.getMessage() for r in caplog.records)
+    [held] = _own(client, node)
+    assert [d["name"] for d in held["spec"]["devices"]] == ["numa-0", "numa-1"]
+    assert not any("nodeAllocatableResources" in d for d in held["spec"]["devices"])
+    assert publisher.sync() is False
