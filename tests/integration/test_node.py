@@ -30,41 +30,39 @@ import pytest
 
 from otel_dra.fixtures import create
 from otel_dra.kube.client import ApiError, KubeClient, load_credentials
-from otel_dra.testbed import Binaries, Testbed, running
-from otel_dra.testbed.build import BinariesMissingError, build_node, kubernetes_release
-from otel_dra.testbed.images import BUSYBOX_IMAGE
+from otel_dra.testbed import Binaries, Testbed
+from otel_dra.testbed.build import kubernetes_release
 from otel_dra.testbed.node import (
     OUTSIDE_PATHS,
     Node,
-    find_node_binaries,
-    host_support,
     node_of,
     processes_of,
     restart_kubelet,
-    start_node,
 )
-from tests.helpers import driver_class, free_port, wait_until
+from tests.helpers import free_port, wait_until
+from tests.integration import nodes
+from tests.integration.nodes import (
+    DRIVER,
+    NAMESPACE,
+    ROOT,
+    HostPlugin,
+    connected_since,
+    container_env,
+    host_plugins,
+    kubelet_log_size,
+    node_binaries,
+    node_slices,
+    phase,
+    start_plugin,
+    wait_running,
+)
 
 pytestmark = [pytest.mark.node, pytest.mark.testbed]
-
-ROOT = Path(__file__).resolve().parents[2]
-DRIVER = "gpu.example.com"
-NAMESPACE = "default"
-# A container that prints its environment and then waits to be stopped (PID 1 needs a handler).
-_PRINT_ENV = "env; trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"
 
 
 @pytest.fixture(scope="module")
 def node_support(testbed_binaries: Binaries) -> Binaries:
-    support = host_support()
-    if support.problems:
-        pytest.skip("this machine cannot run a testbed node: " + "; ".join(support.problems))
-    try:
-        find_node_binaries(testbed_binaries.kubelet)
-    except BinariesMissingError:
-        build_node()  # containerd (minutes, once) and the images; runc/CNI missing still fails below
-        find_node_binaries(testbed_binaries.kubelet)
-    return testbed_binaries
+    return node_binaries(testbed_binaries)
 
 
 # --- what a node may change on the host, seen from outside -----------------------------------------
@@ -115,56 +113,6 @@ def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _pod(name: str, containers: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {"terminationGracePeriodSeconds": 1, "containers": containers, **spec},
-    }
-
-
-def _container(name: str, *, claims: tuple[str, ...] = ()) -> dict[str, Any]:
-    container: dict[str, Any] = {
-        "name": name,
-        "image": BUSYBOX_IMAGE,
-        "imagePullPolicy": "Never",
-        "command": ["/bin/sh", "-c", _PRINT_ENV],
-    }
-    if claims:
-        container["resources"] = {"claims": [{"name": claim} for claim in claims]}
-    return container
-
-
-def _phase(client: KubeClient, name: str) -> str:
-    try:
-        pod = client.get_json(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
-    except ApiError as err:
-        if err.status == 404:
-            return "Gone"
-        raise
-    return str((pod.get("status") or {}).get("phase", "Pending"))
-
-
-def _wait_running(client: KubeClient, name: str, node: Node, timeout: float = 90) -> float:
-    started = time.monotonic()
-    try:
-        wait_until(lambda: _phase(client, name) == "Running", timeout=timeout, interval=0.2, what=f"pod {name} Running")
-    except AssertionError:
-        kubelet_tail = "\n".join(node.kubelet_log.read_text(errors="replace").splitlines()[-40:])
-        pod = client.get_json(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
-        raise AssertionError(f"pod {name} not Running: {pod.get('status')}\n--- kubelet ---\n{kubelet_tail}") from None
-    return time.monotonic() - started
-
-
-def _container_env(node: Node, pod: str, container: str) -> set[str]:
-    """The `env` a container printed, from the kubelet's log file (CRI format: time stream tag text)."""
-    [pod_dir] = node.pod_logs.glob(f"{NAMESPACE}_{pod}_*")
-    log = pod_dir / container / "0.log"
-    wait_until(lambda: log.is_file() and "PWD=" in log.read_text(), timeout=30, what=f"{pod}/{container} output")
-    return {line.split(" ", 3)[3] for line in log.read_text().splitlines() if line.split(" ", 3)[1:2] == ["stdout"]}
-
-
 # --- up and down from the command line ------------------------------------------------------------
 
 
@@ -195,9 +143,9 @@ def test_up_with_a_node_and_down_leave_nothing_behind(short_dir: Path, node_supp
         assert {c["type"]: c["status"] for c in node["status"]["conditions"]}["Ready"] == "True"
         assert node["status"]["nodeInfo"]["kubeletVersion"] == kubernetes_release().version  # the control plane's
         assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://2.")
-        create(client, _pod("bb", [_container("c")]))
-        running_seconds = _wait_running(client, "bb", node_of(testbed, "n1"))
-        assert "PATH=/bin" in _container_env(node_of(testbed, "n1"), "bb", "c")
+        create(client, nodes.pod("bb", [nodes.container("c")]))
+        running_seconds = wait_running(client, "bb", node_of(testbed, "n1"))
+        assert "PATH=/bin" in container_env(node_of(testbed, "n1"), "bb", "c")
     finally:
         started = time.monotonic()
         down = _cli("down", "--dir", str(dir))
@@ -219,86 +167,13 @@ def test_up_with_a_node_and_down_leave_nothing_behind(short_dir: Path, node_supp
 
 @pytest.fixture(scope="module")
 def node_testbed(node_support: Binaries) -> Iterator[tuple[Testbed, Node]]:
-    dir = Path(tempfile.mkdtemp(prefix="otel-dra-node-", dir="/tmp"))  # short: unix socket paths
-    try:
-        with running(dir, scheduler=True, controller_manager=True, binaries=node_support) as testbed:
-            node = start_node(testbed, "n1")
-            client = KubeClient(load_credentials(str(testbed.kubeconfig)))
-            create(client, driver_class(DRIVER))
-            yield testbed, node
-    finally:
-        shutil.rmtree(dir, ignore_errors=True)
-
-
-class HostPlugin:
-    """``otel-dra plugin`` as a process on the host, in the node's kubelet directories."""
-
-    def __init__(self, testbed: Testbed, node: Node, log: Path, *extra: str, env: dict[str, str] | None = None) -> None:
-        self.log = log
-        with log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable, "-m", "otel_dra", "plugin",
-                    f"--node-name={node.name}",
-                    f"--kubeconfig={testbed.kubeconfig}",
-                    f"--cdi-root={node.cdi_dir}",
-                    f"--kubelet-plugins-directory-path={node.plugins_dir}",
-                    f"--kubelet-registrar-directory-path={node.registry_dir}",
-                    "--num-devices=2",
-                    *extra,
-                ],
-                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-            )  # fmt: skip
-
-    def kill(self, sig: signal.Signals = signal.SIGTERM) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            self.proc.wait(timeout=30)
+    yield from nodes.node_testbed(node_support)
 
 
 @pytest.fixture
 def host_plugin(node_testbed: tuple[Testbed, Node]) -> Iterator[list[HostPlugin]]:
     """The plugins a test started (``_start_plugin``); each is stopped after the test."""
-    started: list[HostPlugin] = []
-    yield started
-    for plugin in started:
-        plugin.kill()
-
-
-# What the kubelet logs (-v=2, 1.34 to 1.37) once it has registered a DRA plugin and connected to it.
-_CONNECTED = re.compile(rf'"Connection changed" .*driverName="{re.escape(DRIVER)}" .*connected=true')
-
-
-def _kubelet_log_size(node: Node) -> int:
-    return node.kubelet_log.stat().st_size
-
-
-def _connected_since(node: Node, offset: int) -> bool:
-    with node.kubelet_log.open("rb") as log:
-        log.seek(offset)
-        return bool(_CONNECTED.search(log.read().decode(errors="replace")))
-
-
-def _node_slices(client: KubeClient, node: Node) -> list[dict[str, Any]]:
-    slices = client.get_json("/apis/resource.k8s.io/v1/resourceslices")["items"]
-    return [s for s in slices if s["spec"].get("nodeName") == node.name and s["spec"].get("driver") == DRIVER]
-
-
-def _start_plugin(
-    testbed: Testbed, node: Node, plugins: list[HostPlugin], log: Path, *extra: str, env: dict[str, str] | None = None
-) -> HostPlugin:
-    """Start the plugin and wait until the kubelet has registered it and it has published."""
-    offset = _kubelet_log_size(node)
-    plugin = HostPlugin(testbed, node, log, *extra, env=env)
-    plugins.append(plugin)
-    client = KubeClient(load_credentials(str(testbed.kubeconfig)))
-
-    def registered() -> bool:
-        assert plugin.proc.poll() is None, log.read_text()
-        return _connected_since(node, offset) and bool(_node_slices(client, node))
-
-    wait_until(registered, timeout=60, what="the kubelet to register the plugin and the plugin to publish")
-    return plugin
+    yield from host_plugins()
 
 
 def _claim_pod(client: KubeClient, name: str) -> None:
@@ -311,9 +186,9 @@ def _claim_pod(client: KubeClient, name: str) -> None:
     create(client, template)
     create(
         client,
-        _pod(
+        nodes.pod(
             name,
-            [_container("with-gpu", claims=("gpu",)), _container("without")],
+            [nodes.container("with-gpu", claims=("gpu",)), nodes.container("without")],
             resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": name}],
         ),
     )
@@ -341,7 +216,7 @@ def _delete_and_check_unprepared(client: KubeClient, node: Node, pod: str, claim
     started = time.monotonic()
     client.send_json("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}", {})
     # The kubelet lets a pod go only once NodeUnprepareResources succeeded for its claims.
-    wait_until(lambda: _phase(client, pod) == "Gone", timeout=90, what=f"pod {pod} deleted")
+    wait_until(lambda: phase(client, pod) == "Gone", timeout=90, what=f"pod {pod} deleted")
     seconds = time.monotonic() - started
     assert not _cdi_spec(node, uid).exists()
     assert uid not in _checkpoint_uids(node)
@@ -362,9 +237,9 @@ def test_a_claim_pod_gets_exactly_its_devices_environment(
 ) -> None:
     testbed, node = node_testbed
     client = KubeClient(load_credentials(str(testbed.kubeconfig)))
-    _start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log")
+    start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log")
     _claim_pod(client, "gpu-pod")
-    seconds = _wait_running(client, "gpu-pod", node)
+    seconds = wait_running(client, "gpu-pod", node)
     claim = _generated_claim(client, "gpu-pod")
     [result] = claim["status"]["allocation"]["devices"]["results"]
     device = result["device"]
@@ -373,8 +248,8 @@ def test_a_claim_pod_gets_exactly_its_devices_environment(
     # The slices are owned by the Node the kubelet registered (the garbage collector's link).
     node_uid = client.get_json(f"/api/v1/nodes/{node.name}")["metadata"]["uid"]
     owner = {"apiVersion": "v1", "kind": "Node", "name": node.name, "uid": node_uid, "controller": True}
-    assert [s["metadata"].get("ownerReferences") for s in _node_slices(client, node)] == [[owner]]
-    with_gpu, without = _container_env(node, "gpu-pod", "with-gpu"), _container_env(node, "gpu-pod", "without")
+    assert [s["metadata"].get("ownerReferences") for s in node_slices(client, node)] == [[owner]]
+    with_gpu, without = container_env(node, "gpu-pod", "with-gpu"), container_env(node, "gpu-pod", "without")
     # The same pod, image and command: the only difference is what CDI injected for the claim.
     assert without <= with_gpu
     n = device.removeprefix("gpu-")
@@ -397,23 +272,23 @@ def test_a_restarted_kubelet_registers_the_plugin_again(
 ) -> None:
     testbed, node = node_testbed
     client = KubeClient(load_credentials(str(testbed.kubeconfig)))
-    _start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log")
-    offset = _kubelet_log_size(node)
+    start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log")
+    offset = kubelet_log_size(node)
     started = time.monotonic()
     restart_kubelet(testbed, node.name, progress=lambda _: None)
     restarted = time.monotonic() - started
     # Nothing restarts the plugin: the new kubelet finds its registration socket by itself.
-    wait_until(lambda: _connected_since(node, offset), timeout=60, what="the restarted kubelet to register the plugin")
+    wait_until(lambda: connected_since(node, offset), timeout=60, what="the restarted kubelet to register the plugin")
     registered = time.monotonic() - started
     # A starting kubelet deletes its node's ResourceSlices in the background (no driver is known to
     # be there yet), just before or a few seconds after it registers the plugin; the plugin checks
     # its slices again at the registration and a few times after it (SlicePublisher.recheck_soon),
     # instead of leaving the node without devices until its next resync (29 s measured without).
-    wait_until(lambda: _node_slices(client, node), timeout=60, what="the plugin's ResourceSlices back")
+    wait_until(lambda: node_slices(client, node), timeout=60, what="the plugin's ResourceSlices back")
     slices_back = time.monotonic() - started
     assert slices_back - registered < 12, f"slices back {slices_back - registered:.1f}s after the registration"
     _claim_pod(client, "after-restart")
-    running_seconds = _wait_running(client, "after-restart", node)
+    running_seconds = wait_running(client, "after-restart", node)
     unprepared = _delete_and_check_unprepared(client, node, "after-restart", _generated_claim(client, "after-restart"))
     print(
         f"\nkubelet restarted and Ready in {restarted:.1f}s, plugin registered again after {registered:.1f}s, "
@@ -427,14 +302,14 @@ def test_a_plugin_killed_between_prepare_and_deletion_loses_nothing(
 ) -> None:
     testbed, node = node_testbed
     client = KubeClient(load_credentials(str(testbed.kubeconfig)))
-    first = _start_plugin(testbed, node, host_plugin, tmp_path / "plugin-1.log")
+    first = start_plugin(testbed, node, host_plugin, tmp_path / "plugin-1.log")
     _claim_pod(client, "survivor")
-    _wait_running(client, "survivor", node)
+    wait_running(client, "survivor", node)
     claim = _generated_claim(client, "survivor")
     first.kill(signal.SIGKILL)
     assert _cdi_spec(node, claim["metadata"]["uid"]).is_file()  # prepared state outlives the process
     started = time.monotonic()
-    _start_plugin(testbed, node, host_plugin, tmp_path / "plugin-2.log")
+    start_plugin(testbed, node, host_plugin, tmp_path / "plugin-2.log")
     registered = time.monotonic() - started
     unprepared = _delete_and_check_unprepared(client, node, "survivor", claim)
     print(f"\nplugin killed; the new one registered in {registered:.1f}s, the pod unprepared in {unprepared:.1f}s")
@@ -451,8 +326,8 @@ def test_the_emulator_and_the_kubelet_call_the_plugin_alike(node_testbed: tuple[
     client = KubeClient(load_credentials(str(testbed.kubeconfig)))
     out = Path(tempfile.mkdtemp(prefix="parity-", dir="/tmp"))  # short: unix socket paths
     try:
-        sim_roles, sim_record = run_on_emulator(testbed, DRIVER, out, _container("c"))
-        offset = _kubelet_log_size(node)
+        sim_roles, sim_record = run_on_emulator(testbed, DRIVER, out, nodes.container("c"))
+        offset = kubelet_log_size(node)
         plugin = pod_scenario.RecordingPlugin(
             kubeconfig=testbed.kubeconfig,
             node=node.name,
@@ -466,7 +341,7 @@ def test_the_emulator_and_the_kubelet_call_the_plugin_alike(node_testbed: tuple[
 
             def registered() -> bool:
                 assert plugin.proc.poll() is None, plugin.log.read_text()
-                return _connected_since(node, offset) and bool(_node_slices(client, node))
+                return connected_since(node, offset) and bool(node_slices(client, node))
 
             wait_until(registered, timeout=60, what="the kubelet to register the plugin")
             roles = pod_scenario.run(
@@ -474,9 +349,9 @@ def test_the_emulator_and_the_kubelet_call_the_plugin_alike(node_testbed: tuple[
                 namespace=NAMESPACE,
                 node=node.name,
                 driver=DRIVER,
-                container=_container("c"),
-                wait_running=lambda pod: _wait_running(client, pod, node),
-                wait_gone=lambda pod: wait_until(lambda: _phase(client, pod) == "Gone", timeout=90, what=f"{pod} gone"),
+                container=nodes.container("c"),
+                wait_running=lambda pod: wait_running(client, pod, node),
+                wait_gone=lambda pod: wait_until(lambda: phase(client, pod) == "Gone", timeout=90, what=f"{pod} gone"),
             )
         finally:
             plugin.stop()
@@ -534,7 +409,7 @@ def test_the_dashboard_and_alerts_read_what_the_exporter_plugin_and_kubelet_serv
     testbed, node = node_testbed
     client = KubeClient(load_credentials(str(testbed.kubeconfig)))
     plugin_port = free_port()
-    _start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log", f"--metrics-port={plugin_port}")
+    start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log", f"--metrics-port={plugin_port}")
     exporter = start_exporter_app(str(testbed.kubeconfig))
     kubelet_port = int(testbed.nodes[node.name]["ports"]["kubelet"])
     pki = node.layout.dir / "pki"
@@ -557,7 +432,7 @@ def test_the_dashboard_and_alerts_read_what_the_exporter_plugin_and_kubelet_serv
     # One pod through its whole life first (unprepare histograms), its claim unpriced; then a price
     # on the class (removed again below) and a pod that runs. Prometheus keeps the names of both.
     _claim_pod(client, "scraped-once")
-    _wait_running(client, "scraped-once", node)
+    wait_running(client, "scraped-once", node)
     wait_until(
         lambda: prometheus.query('kube_resourceclaim_unpriced_devices{job="exporter"}'),
         timeout=60,
@@ -568,7 +443,7 @@ def test_the_dashboard_and_alerts_read_what_the_exporter_plugin_and_kubelet_serv
     price = {"metadata": {"annotations": {"hourly-cost": "2.5"}}}
     client.send_json("PATCH", f"/apis/resource.k8s.io/v1/deviceclasses/{DRIVER}", price, "application/merge-patch+json")
     _claim_pod(client, "scraped-pod")
-    _wait_running(client, "scraped-pod", node)
+    wait_running(client, "scraped-pod", node)
     read = _names_read([*dashboard_expressions(), *rule_expressions(helm)])
     assert {"dra_grpc_operations_duration_seconds_bucket", "dra_resource_claims_in_use"} <= set(read)
 
@@ -635,7 +510,7 @@ def test_a_claims_life_is_one_trace_in_jaeger(
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     plugin_port = free_port()
-    _start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log", f"--metrics-port={plugin_port}", env=env)
+    start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log", f"--metrics-port={plugin_port}", env=env)
     exporter = start_exporter_app(str(testbed.kubeconfig))
     assert exporter.tracing.sink is not None
     # Claims until one of each: the API server picks the UIDs, the sampler decides by them alone.
@@ -664,16 +539,16 @@ def test_a_claims_life_is_one_trace_in_jaeger(
         pod = f"traced-pod-{int(sampled)}"
         create(
             client,
-            _pod(
+            nodes.pod(
                 pod,
-                [_container("with-gpu", claims=("gpu",))],
+                [nodes.container("with-gpu", claims=("gpu",))],
                 resourceClaims=[{"name": "gpu", "resourceClaimName": claim["metadata"]["name"]}],
             ),
         )
-        _wait_running(client, pod, node)
+        wait_running(client, pod, node)
         time.sleep(1)  # the exporter sees the pod's containers started
         client.send_json("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}", {})
-        wait_until(lambda pod=pod: _phase(client, pod) == "Gone", timeout=90, what=f"pod {pod} deleted")
+        wait_until(lambda pod=pod: phase(client, pod) == "Gone", timeout=90, what=f"pod {pod} deleted")
         client.send_json(
             "DELETE", f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims/{claim['metadata']['name']}", {}
         )

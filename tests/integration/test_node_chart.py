@@ -50,7 +50,8 @@ from tests.helpers import wait_until
 # The real-node helpers and the fixture that checks this machine can run a node (one place for
 # them: test_node.py, whose tests drive the plugin as a host process).
 from tests.integration import test_node
-from tests.integration.test_node import DRIVER, _claim_pod, _container_env, _generated_claim, _phase, _wait_running
+from tests.integration.nodes import container_env, phase, wait_running
+from tests.integration.test_node import DRIVER, _claim_pod, _generated_claim
 
 node_support = test_node.node_support
 
@@ -165,7 +166,7 @@ def test_the_image_runs_otel_dra_as_non_root_on_a_read_only_root(
     create(client, pod)
     try:
         wait_until(
-            lambda: _phase(client, "image-check") in ("Succeeded", "Failed"),
+            lambda: phase(client, "image-check") in ("Succeeded", "Failed"),
             timeout=90,
             interval=0.5,
             what="the image-check pod to finish",
@@ -361,11 +362,11 @@ def _check_chart_on_node(
 
     # A workload pod: the plugin pod prepares its claim, containerd injects the CDI edits.
     _claim_pod(client, "chart-gpu")
-    running_seconds = _wait_running(client, "chart-gpu", node)
+    running_seconds = wait_running(client, "chart-gpu", node)
     claim = _generated_claim(client, "chart-gpu")
     [result] = claim["status"]["allocation"]["devices"]["results"]
     device = result["device"]
-    with_gpu, without = _container_env(node, "chart-gpu", "with-gpu"), _container_env(node, "chart-gpu", "without")
+    with_gpu, without = container_env(node, "chart-gpu", "with-gpu")(node, "chart-gpu", "without")
     assert {f"DRA_RESOURCE_DRIVER_NAME={DRIVER}", f"GPU_DEVICE_{device.removeprefix('gpu-')}={device}"} <= (
         with_gpu - without
     )
@@ -432,7 +433,7 @@ def _check_chart_on_node(
 
     # Deleting the workload pod unprepares its claim through the plugin pod.
     client.send_json("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/chart-gpu", {})
-    wait_until(lambda: _phase(client, "chart-gpu") == "Gone", timeout=90, what="workload pod deleted")
+    wait_until(lambda: phase(client, "chart-gpu") == "Gone", timeout=90, what="workload pod deleted")
     assert not (node.cdi_dir / f"k8s.{DRIVER}-gpu_{claim['metadata']['uid']}.json").exists()
     print(
         f"\nhelm install -> plugin registered {registered:.1f}s, exporter Ready {exporter_ready:.1f}s; "

@@ -22,17 +22,13 @@ from otel_dra.testbed import Testbed
 from otel_dra.testbed.node import Node, restart_kubelet
 from tests.helpers import parse_samples, scrape, wait_until
 from tests.integration import test_node
+from tests.integration.nodes import HostPlugin, kubelet_log_size, node_slices, start_plugin, wait_running
 from tests.integration.test_node import (
     DRIVER,
     NAMESPACE,
-    HostPlugin,
     _claim_pod,
     _delete_and_check_unprepared,
     _generated_claim,
-    _kubelet_log_size,
-    _node_slices,
-    _start_plugin,
-    _wait_running,
 )
 
 # test_node's fixtures, for this module: its own node testbed (module scope), the plugins it starts.
@@ -75,7 +71,7 @@ def _device_health(client: KubeClient, pod: str) -> tuple[str, str] | None:
 
 def _taints(client: KubeClient, node: Node) -> dict[str, list[tuple[str, str, str]]]:
     out: dict[str, list[tuple[str, str, str]]] = {}
-    for s in _node_slices(client, node):
+    for s in node_slices(client, node):
         for d in s["spec"].get("devices") or []:
             if d.get("taints"):
                 out[d["name"]] = [(t["key"], t.get("value", ""), t["effect"]) for t in d["taints"]]
@@ -110,13 +106,13 @@ def test_device_health_reaches_the_pod_taints_the_slice_and_recovers(
 ) -> None:
     testbed, node = node_testbed
     client = KubeClient(load_credentials(str(testbed.kubeconfig)))
-    offset = _kubelet_log_size(node)
-    plugin = _start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log")
+    offset = kubelet_log_size(node)
+    plugin = start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log")
     exporter = start_exporter_app(str(testbed.kubeconfig))
     started = time.monotonic()
 
     _claim_pod(client, "health-a")
-    _wait_running(client, "health-a", node)
+    wait_running(client, "health-a", node)
     claim = _generated_claim(client, "health-a")
     [result] = claim["status"]["allocation"]["devices"]["results"]
     used = result["device"]
@@ -196,7 +192,7 @@ def test_device_health_reaches_the_pod_taints_the_slice_and_recovers(
     wait_until(lambda: _device_health(client, "health-a") == ("Healthy", ""), timeout=30, what="Healthy again")
     recovered_after = time.monotonic() - recover_at
     wait_until(lambda: _taints(client, node) == {}, timeout=30, what="taints removed")
-    _wait_running(client, "health-b", node)
+    wait_running(client, "health-b", node)
     assert _generated_claim(client, "health-b")["status"]["allocation"]["devices"]["results"][0]["device"] == free
     wait_until(lambda: _device_health(client, "health-b") == ("Healthy", ""), timeout=60, what="health-b Healthy")
     wait_until(
@@ -207,7 +203,7 @@ def test_device_health_reaches_the_pod_taints_the_slice_and_recovers(
 
     for pod in ("health-a", "health-b"):
         _delete_and_check_unprepared(client, node, pod, _generated_claim(client, pod))
-    stopped_at = _kubelet_log_size(node)
+    stopped_at = kubelet_log_size(node)
     plugin.kill()  # a clean stop: the plugin unregisters, then ends the stream with EOF
     # An error about the stream's end would be logged with its end; a retry (the kubelet's comes
     # 5 s after a stream ended) only while the plugin is registered. Both are settled once the
@@ -245,12 +241,12 @@ def test_a_restarted_kubelet_watches_health_again(
     stream by itself, and a device made sick afterwards reaches the pod as before."""
     testbed, node = node_testbed
     client = KubeClient(load_credentials(str(testbed.kubeconfig)))
-    plugin = _start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log")
+    plugin = start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log")
     _claim_pod(client, "restart-a")
-    _wait_running(client, "restart-a", node)
+    wait_running(client, "restart-a", node)
     [result] = _generated_claim(client, "restart-a")["status"]["allocation"]["devices"]["results"]
     wait_until(lambda: _device_health(client, "restart-a") == ("Healthy", ""), timeout=60, what="Healthy")
-    offset = _kubelet_log_size(node)
+    offset = kubelet_log_size(node)
     restart_kubelet(testbed, node.name, progress=lambda _: None)
 
     def stream_again() -> bool:
