@@ -158,6 +158,10 @@ def test_two_pods_share_one_gpu_by_memory(
         what="allocated memory of gpu-0 in the exporter",
     )
     assert _series(exporter.port, "kube_resourceslice_device_free_capacity", **memory) == [40 * 2**30]
+    # Each share, by its shareID.
+    for result in (a, b):
+        share = {"device_name": "gpu-0", "share_id": result["shareID"], "capacity": "memory"}
+        assert _series(exporter.port, "kube_resourceclaim_device_consumed_capacity", **share) == [20 * 2**30]
     _delete_pods(client, *pods)
 
 
@@ -202,6 +206,9 @@ def test_partitions_of_a_gpu_and_the_whole_gpu_exclude_each_other(
         timeout=30,
         what="gpu-0's memory counter used up in the exporter",
     )
+    # Without the alpha partition type (1.37's default) every partitionable device is of type "".
+    assert sum(_series(exporter.port, "kube_resourcepool_partitions_allocated", pool=node.name)) == 2
+    assert sum(_series(exporter.port, "kube_resourcepool_devices_free", pool=node.name, driver=GPU)) == 0
     # One half back: still not enough for the whole GPU, which stays Pending.
     _delete_pods(client, "part-a")
     time.sleep(3)
@@ -273,13 +280,18 @@ def test_pods_share_a_nic_by_bandwidth_until_it_is_used_up(
 
 
 def test_a_pod_asks_for_a_gpu_as_an_extended_resource(
-    node_testbed: tuple[Testbed, Node], host_plugin: list[HostPlugin], client: KubeClient, tmp_path: Path
+    node_testbed: tuple[Testbed, Node],
+    host_plugin: list[HostPlugin],
+    client: KubeClient,
+    tmp_path: Path,
+    start_exporter_app: Any,
 ) -> None:
     """The chart's DeviceClass with plugin.deviceClass.extendedResourceName: a pod asks for
     ``example.com/gpu: 1`` in its limits, no claim; the scheduler makes one and the kubelet has the
     plugin prepare it (DRAExtendedResource: the testbed turns it on in 1.34, GA in 1.37)."""
     testbed, node = node_testbed
     start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log", "--num-devices=1")
+    exporter = start_exporter_app(str(testbed.kubeconfig))
     device_class = driver_class(GPU)
     device_class["metadata"]["name"] = "gpu-extended"
     device_class["spec"]["extendedResourceName"] = "example.com/gpu"
@@ -291,6 +303,14 @@ def test_a_pod_asks_for_a_gpu_as_an_extended_resource(
     env = container_env(node, "extended", "c")
     assert {"GPU_DEVICE_0=gpu-0", f"DRA_RESOURCE_DRIVER_NAME={GPU}"} <= env
     status = client.get_json(f"/api/v1/namespaces/{NAMESPACE}/pods/extended")["status"]
-    assert status.get("extendedResourceClaimStatus", {}).get("resourceClaimName")
+    claim_name = status.get("extendedResourceClaimStatus", {}).get("resourceClaimName")
+    assert claim_name
+    # The exporter tells the scheduler's claim from claims users write.
+    source = {"resourceclaim_name": claim_name, "source": "extended_resource"}
+    wait_until(
+        lambda: _series(exporter.port, "kube_resourceclaim_source", **source) == [1.0],
+        timeout=30,
+        what="the extended-resource claim in the exporter",
+    )
     _delete_pods(client, "extended")
     client.send_json("DELETE", "/apis/resource.k8s.io/v1/deviceclasses/gpu-extended", {})
