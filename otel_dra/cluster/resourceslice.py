@@ -145,6 +145,9 @@ class Device:
     multi: bool = False  # allowMultipleAllocations
     # The value of the attribute that the slice's partitionTypeAttribute names ("" when unset).
     partition_type: str = ""
+    # nodeAllocatableResources (DRANodeAllocatableResources, alpha since 1.36): (resource, kind,
+    # capacity key, quantity) per mapping or overhead; see NODE_ALLOCATABLE_KINDS.
+    node_allocatable: tuple[tuple[str, str, str, float], ...] = ()
 
     @property
     def blocked(self) -> bool:
@@ -210,8 +213,18 @@ def _amounts(raw: Any, what: str, report: Callable[[str], None]) -> Amounts:
 # set of them leaves the others at their defaults (memory: a family that is off keeps nothing).
 FIELDS = frozenset(
     {"capacity", "type", "product_name", "parent_uuid", "info", "capacities", "defaults", "taints", "counters"}
-    | {"taints_added", "partition_type", "counter_sets", "skips"}
+    | {"taints_added", "partition_type", "counter_sets", "skips", "node_allocatable"}
 )
+
+# How a device adds to a node-allocatable resource: per allocated device (mapping.deviceMultiplier),
+# per unit of a consumed capacity (mapping.capacityKey x capacityMultiplier), or as overhead per pod
+# or per container that references the claim.
+NODE_ALLOCATABLE_KINDS = {
+    ("mapping", "deviceMultiplier"): "per_device",
+    ("mapping", "capacityMultiplier"): "per_capacity",
+    ("overhead", "perPod"): "overhead_per_pod",
+    ("overhead", "perContainer"): "overhead_per_container",
+}
 
 
 def make_parser(
@@ -335,6 +348,9 @@ def _device(
                     _amounts(consumption.get("counters"), f"device {name}: counter set {set_name}: counter", report),
                 )
             )
+    node_allocatable = (
+        _node_allocatable(dev.get("nodeAllocatableResources"), name, report) if "node_allocatable" in keep else ()
+    )
     return Device(
         name=name,
         node_name=node if isinstance(node, str) else "",
@@ -352,7 +368,34 @@ def _device(
         partition_type=_attribute_text(_attribute(attrs, partition_attribute, driver))
         if partition_attribute and "partition_type" in keep
         else "",
+        node_allocatable=node_allocatable,
     )
+
+
+def _node_allocatable(raw: Any, device: str, report: Callable[[str], None]) -> tuple[tuple[str, str, str, float], ...]:
+    """``nodeAllocatableResources`` as (resource, kind, capacity key, quantity); a malformed entry
+    is reported and left out, the device's other entries kept."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        report(f"device {device}: nodeAllocatableResources is not an object; series omitted")
+        return ()
+    out = []
+    for resource, entry in raw.items():
+        if not isinstance(entry, dict):
+            report(f"device {device}: nodeAllocatableResources.{resource} is not an object; series omitted")
+            continue
+        for (part, field), kind in NODE_ALLOCATABLE_KINDS.items():
+            section = entry.get(part)
+            if not isinstance(section, dict) or section.get(field) is None:
+                continue
+            value = section[field]
+            key = section.get("capacityKey") if kind == "per_capacity" else ""
+            try:
+                out.append((str(resource), kind, str(key or ""), parse_quantity(value)))
+            except ValueError as exc:
+                report(f"device {device}: nodeAllocatableResources.{resource}.{part}.{field}: {exc}; series omitted")
+    return tuple(out)
 
 
 parse = make_parser()
@@ -446,6 +489,12 @@ def _taints_added(s: Slice) -> Iterable[Sample]:
             yield (s.name, s.driver, s.pool, d.node_name, d.name, key, value, effect), added
 
 
+def _node_allocatable_samples(s: Slice) -> Iterable[Sample]:
+    for d in s.devices:
+        for resource, kind, capacity, value in d.node_allocatable:
+            yield (s.name, s.driver, s.pool, d.node_name, d.name, resource, kind, capacity), value
+
+
 def _counter_capacity(s: Slice) -> Iterable[Sample]:
     for set_name, counters in s.counter_sets:
         for counter, value in counters:
@@ -501,6 +550,16 @@ def state_families(attributes: DeviceAttributes = DEFAULT_ATTRIBUTES) -> tuple[F
             stability="experimental",
             kubernetes="1.34",
             fields=("taints", "taints_added"),
+        ),
+        family(
+            "kube_resourceslice_device_node_allocatable",
+            "",
+            "What an allocation of the device adds to a node-allocatable resource (nodeAllocatableResources).",
+            (*DEVICE_LABELS, "resource", "kind", "capacity"),
+            _node_allocatable_samples,
+            stability="experimental",
+            kubernetes="1.36",
+            fields=("node_allocatable",),
         ),
         family(
             "kube_resourceslice_counter_set_capacity",

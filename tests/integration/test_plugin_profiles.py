@@ -154,6 +154,17 @@ def test_with_the_alpha_gates_on_nothing_is_left_out_and_the_exporter_sees_parti
     # Per GPU one whole device and two halves, each shape its own partition type.
     wait_until(lambda: partitions() == {"full": 2.0, "1of2": 4.0}, timeout=30, what="partition types in the exporter")
 
+    def mappings() -> list[tuple[str, str, str, float]]:
+        _, text = scrape(exporter.port)
+        return sorted(
+            (lab["device_name"], lab["resource"], lab["kind"], v)
+            for n, lab, v in parse_samples(text)
+            if n == "kube_resourceslice_device_node_allocatable" and lab.get("pool") == "alpha-cpu"
+        )
+
+    expected = [("numa-0", "cpu", "per_device", 16.0), ("numa-1", "cpu", "per_device", 16.0)]
+    wait_until(lambda: mappings() == expected, timeout=30, what="node-allocatable mappings in the exporter")
+
 
 @pytest.mark.kubernetes(min="1.37", reason="DRANodeAllocatableResources (1.36) with the 1.37 gate set")
 def test_a_node_without_the_node_allocatable_feature_gets_its_numa_nodes_without_mappings(

@@ -546,6 +546,39 @@ def test_consumed_capacity_per_share_and_skipped_node_operations():
     assert list(slice_skips.samples(resourceslice.parse({"metadata": {"name": "s"}, "spec": spec}, print))) == []
 
 
+def test_node_allocatable_mappings_and_overheads_per_device():
+    problems: list[str] = []
+    devices = [
+        # The plugin's cpu profile: each NUMA node is 16 of the node's cpu.
+        {"name": "numa-0", "nodeAllocatableResources": {"cpu": {"mapping": {"deviceMultiplier": "16"}}}},
+        {
+            "name": "mem",
+            "nodeAllocatableResources": {
+                "memory": {
+                    "mapping": {"capacityKey": "d/memory", "capacityMultiplier": "1"},
+                    "overhead": {"perPod": "64Mi", "perContainer": "1Mi"},
+                },
+                "hugepages-2Mi": {"mapping": {"deviceMultiplier": "not a quantity"}},
+                "cpu": "not an object",
+            },
+        },
+        {"name": "plain"},
+    ]
+    spec = {"driver": "d", "pool": {"name": "p"}, "nodeName": "n", "devices": devices}
+    sl = resourceslice.parse({"metadata": {"name": "s"}, "spec": spec}, problems.append)
+    fam = _family(resourceslice.STATE_FAMILIES, "kube_resourceslice_device_node_allocatable")
+    assert list(fam.samples(sl)) == [
+        (("s", "d", "p", "n", "numa-0", "cpu", "per_device", ""), 16.0),
+        (("s", "d", "p", "n", "mem", "memory", "per_capacity", "d/memory"), 1.0),
+        (("s", "d", "p", "n", "mem", "memory", "overhead_per_pod", ""), 64 * 2**20),
+        (("s", "d", "p", "n", "mem", "memory", "overhead_per_container", ""), 2**20),
+    ]
+    # The malformed entries are said and left out; the device's others stay.
+    assert len(problems) == 2
+    assert "hugepages-2Mi.mapping.deviceMultiplier" in problems[0]
+    assert "nodeAllocatableResources.cpu is not an object" in problems[1]
+
+
 def test_list_typed_attributes_render_bounded_and_in_published_order():
     attributes = resourceslice.DeviceAttributes.parse("numa,pcieRoots,flags,versions,many,empty,mixed")
     many = [f"v{i}" for i in range(11)]

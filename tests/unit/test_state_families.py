@@ -128,6 +128,8 @@ def load_golden(kinds: dict[str, Any]) -> None:
             meta, name = obj["metadata"], EXTENDED_CLAIM
         if doc["kind"] == "ResourceSlice" and name == "gold-ext":
             obj["spec"]["skipNodeOperations"] = ["*"]  # Kubernetes 1.37 (DRAOptionalNodeOperations)
+            # Kubernetes 1.36+ (DRANodeAllocatableResources, and a Node declaring the feature).
+            obj["spec"]["devices"][0]["nodeAllocatableResources"] = {"memory": {"overhead": {"perPod": "1Gi"}}}
         if name in ALLOCATIONS:
             obj["status"] = {
                 "allocation": {
