@@ -1,10 +1,11 @@
 """The ``otel-dra`` command line: the top-level parser and ``main``.
 
 Each command lives in a module of its own, which owns its flags, its wiring and its ``cmd_*``
-function: ``exporter``, ``plugin``, ``testbed``, ``kubelet_sim``, ``demo``, ``sandbox``. Flags and
-their environment variables are declared with :mod:`otel_dra.cli.flags`; signal handling and
-waiting are in :mod:`otel_dra.cli.lifecycle`. This package is the only one that wires the layers
-(telemetry, Kubernetes client, cluster collector, plugin, emulator, testbed) together.
+function: ``exporter``, ``plugin``, ``binding_controller``, ``webhook``, ``testbed``, ``kubelet_sim``,
+``demo``, ``sandbox``. Flags and their environment variables are declared with :mod:`otel_dra.cli.flags`;
+signal handling and waiting are in :mod:`otel_dra.cli.lifecycle`. This package is the only one that
+wires the layers (telemetry, Kubernetes client, cluster collector, plugin, binding controller,
+admission webhook, emulator, testbed) together.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ __all__ = ["COMMANDS", "UsageError", "build_parser", "main"]
 # `otel-dra --help`. Imported only when a parser for them is built: the testbed and demo modules
 # pull in yaml, the emulator and the OTel SDK's exporters at import, which the plugin (started on
 # every node, measured in CPU until the kubelet registers it) has no use for.
-COMMANDS = ("exporter", "plugin", "testbed", "sandbox", "kubelet-sim", "demo")
+COMMANDS = ("exporter", "plugin", "binding-controller", "webhook", "testbed", "sandbox", "kubelet-sim", "demo")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -30,6 +30,11 @@ from otel_dra.records import record
 log = logging.getLogger("otel_dra")
 
 DEVICE_SOURCES = ("simulated", "nvml")
+# Kept here (not imported from the plugin) so that --help loads no plugin module; a unit test
+# checks they are the plugin's.
+PROFILE_CHOICES = ("gpu", "gpu-partitionable", "cpu", "net")
+BINDING_CONDITION = "Attached"
+BINDING_FAILURE_CONDITION = "AttachFailed"
 TAINT_CHOICES = ("NoSchedule", "NoExecute", "none")
 GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST
 
@@ -59,6 +64,48 @@ def add_parser(sub: Any) -> None:
         "simulated GPUs to publish",
         default=8,
         type=int_in(0, 1024),
+    )
+    add_flag(
+        p,
+        "--device-profile",
+        "DEVICE_PROFILE",
+        "what the simulated devices are: gpu (dra-example-driver's), gpu-partitionable (whole GPUs and "
+        "partitions consuming shared counters), cpu (NUMA nodes), net (NICs shared by bandwidth); docs/plugin.md",
+        default="gpu",
+        choices=PROFILE_CHOICES,
+    )
+    add_flag(
+        p,
+        "--partitions",
+        "PARTITIONS",
+        "gpu-partitionable: partition devices per GPU, each an equal part of its memory and compute",
+        default=2,
+        type=int_in(1, 8),
+    )
+    add_flag(
+        p,
+        "--cpus-per-numa-node",
+        "CPUS_PER_NUMA_NODE",
+        "cpu: CPUs of each simulated NUMA node (what an allocated one adds to the node's allocatable cpu)",
+        default=16,
+        type=int_in(1, 1024),
+    )
+    add_flag(
+        p,
+        "--gpu-allow-multiple-allocations",
+        "GPU_ALLOW_MULTIPLE_ALLOCATIONS",
+        "gpu: let several claims share a GPU, each consuming part of its memory and compute",
+        default=False,
+        type=boolean,
+    )
+    add_flag(
+        p,
+        "--binding-conditions",
+        "BINDING_CONDITIONS",
+        f"devices wait for attachment before their pod binds (bindingConditions {BINDING_CONDITION}, "
+        f"failure {BINDING_FAILURE_CONDITION}; set by otel-dra binding-controller)",
+        default=False,
+        type=boolean,
     )
     add_flag(p, "--cdi-root", "CDI_ROOT", "directory for CDI spec files", default=Path("/etc/cdi"), type=directory)
     add_flag(
@@ -229,6 +276,10 @@ class PluginApp:
                 log.error("could not delete this node's ResourceSlices: %s", exc)
         if self.metrics_server is not None:
             self.metrics_server.stop()
+        if self.driver.device_status is not None:
+            # After the server: no prepare or unprepare hands it more. Pending writes are tried
+            # once more (bounded wait); the next start writes what is still missing.
+            self.driver.device_status.stop()
         self.driver.spans.close()  # the spans of the last calls, before the provider flushes
         self.tracing.shutdown()
         self.metrics_pipeline.shutdown()
@@ -258,9 +309,16 @@ def start_plugin(
     unhealthy_device_taint: str = "NoSchedule",
     health_dir: Path | None = None,
     health_poll: float = 1.0,
+    profile: str = "gpu",
+    partitions: int = 2,
+    allow_multiple: bool = False,
+    binding_conditions: bool = False,
+    cpus_per_numa_node: int = 16,
 ) -> PluginApp:
     """Start the plugin. ``tracer_provider`` and ``nvml`` replace what the environment would give
-    (tests); ``on_fatal`` is called from a background thread when the plugin cannot go on."""
+    (tests); ``on_fatal`` is called from a background thread when the plugin cannot go on.
+    ``profile``, ``partitions``, ``allow_multiple`` and ``binding_conditions``: the device profile
+    (:mod:`otel_dra.plugin.profiles`); ValueError for a combination it does not have."""
     from otel_dra.kube.client import KubeClient, RetryPolicy, load_credentials
     from otel_dra.plugin.health import HealthStreams
     from otel_dra.plugin.metrics import PluginMetrics
@@ -277,11 +335,19 @@ def start_plugin(
         retry=RetryPolicy(),
         user_agent=f"otel-dra-plugin/{__version__}",
     )
-    discover = _device_discovery(device_source, node_name, num_devices, nvml)
+    from otel_dra.plugin.profiles import ProfileOptions
+
+    options = ProfileOptions(profile, num_devices, partitions, allow_multiple, binding_conditions, cpus_per_numa_node)
+    if device_source == "nvml" and (profile != "gpu" or allow_multiple):
+        raise ValueError("NVML devices are published as they are: only --device-profile gpu, without sharing")
+    discover = _device_discovery(device_source, node_name, driver_name, options, nvml)
     started: list[Any] = []  # stopped again, last first, when a later step fails
     try:
         inventory, health_state, on_devices = _node_devices(discover, device_source)
-        driver = _claim_driver(client, metrics, tracing, inventory, driver_name, node_name, cdi_root, plugins_dir)
+        driver = _claim_driver(
+            client, metrics, tracing, inventory, driver_name, node_name, cdi_root, plugins_dir, profile
+        )
+        started.append(driver.device_status)
         publishers: list[SlicePublisher] = []
         server = PluginServer(
             driver,
@@ -314,6 +380,7 @@ def start_plugin(
         )
         publishers.append(publisher)
         started.append(publisher)
+        _observe_pool(metrics, profile, inventory, publisher)
         app.health_source = _start_health_source(
             health_state, device_source, nvml, health_dir or plugins_dir / driver_name / "health", health_poll
         )
@@ -334,15 +401,15 @@ def start_plugin(
     return app
 
 
-def _node_devices(discover: Callable[[], list[Any]], source: str) -> tuple[Any, Any, Callable[[list[Any]], None]]:
+def _node_devices(discover: Callable[[], Any], source: str) -> tuple[Any, Any, Callable[[list[Any]], None]]:
     """This node's devices, found now (so that a broken device source fails loudly at start-up):
     the driver's inventory, the health state of each, and what keeps both up to date when the slice
-    publisher finds them again."""
+    publisher finds them again (with what the API server does not take left out)."""
     from otel_dra.plugin.devices import Device
     from otel_dra.plugin.driver import Inventory
     from otel_dra.plugin.health import HealthState
 
-    devices = discover()
+    devices = list(discover().devices)
     log.info("%d device(s) from %s: %s", len(devices), source, ", ".join(d.name for d in devices) or "-")
     inventory = Inventory(devices)
     health_state = HealthState()
@@ -364,21 +431,35 @@ def _claim_driver(
     node_name: str,
     cdi_root: Path,
     plugins_dir: Path,
+    profile: str = "gpu",
 ) -> Any:
-    """The driver that prepares claims, with its CDI directory (the common spec written) and its
-    checkpoint (an unreadable one is reported, not fatal)."""
+    """The driver that prepares claims, with its CDI directory (the common spec written), its
+    checkpoint (an unreadable one is reported, not fatal) and its device status writer (started,
+    the checkpoint's claims handed to it: they are written again where their status is missing).
+    The device ``profile`` decides the CDI class, the variables' prefix, and whether claims
+    configure devices (GpuConfig) at all."""
     from otel_dra.plugin.cdi import CdiWriter
     from otel_dra.plugin.checkpoint import Checkpoint
+    from otel_dra.plugin.devicestatus import DeviceStatusWriter
     from otel_dra.plugin.driver import Driver
+    from otel_dra.plugin.profiles import CDI_CLASSES, ENV_PREFIXES, GPU, GPU_PARTITIONABLE
 
-    cdi = CdiWriter(cdi_root, driver_name, node_name)
+    cdi = CdiWriter(cdi_root, driver_name, node_name, CDI_CLASSES[profile])
     cdi.write_common()
     checkpoint = Checkpoint(plugins_dir / driver_name / "checkpoint.json")
     if checkpoint.broken is not None:
         # Not fatal: exiting would restart into the same file (a crash loop); every claim's
         # prepare and unprepare reports it instead until the operator acts (docs/plugin.md, "The checkpoint").
         log.error("%s", checkpoint.broken)
-    return Driver(
+    device_status = DeviceStatusWriter(
+        client,
+        driver_name=driver_name,
+        node_name=node_name,
+        device_data=inventory.status_data,
+        metrics=metrics,
+        tracer_provider=tracing.tracer_provider,
+    )
+    driver = Driver(
         client=client,
         driver_name=driver_name,
         node_name=node_name,
@@ -387,7 +468,13 @@ def _claim_driver(
         checkpoint=checkpoint,
         metrics=metrics,
         tracer_provider=tracing.tracer_provider,
+        device_status=device_status.start(),
+        env_prefix=ENV_PREFIXES[profile],
+        gpu_config=profile in (GPU, GPU_PARTITIONABLE),
     )
+    driver.profile = profile
+    driver.reapply_device_status()
+    return driver
 
 
 def _observe_plugin_state(metrics: Any, checkpoint: Any, health_state: Any, streams: Any, node_name: str) -> None:
@@ -396,6 +483,18 @@ def _observe_plugin_state(metrics: Any, checkpoint: Any, health_state: Any, stre
         prepared_devices=lambda: _prepared_devices(checkpoint),
         device_health=lambda: [(node_name, e.device, e.health.name.title()) for e in health_state.snapshot()],
         health_streams=None if streams is None else lambda: streams.active,
+    )
+
+
+def _observe_pool(metrics: Any, profile: str, inventory: Any, publisher: Any) -> None:
+    """The published pool's gauges: its devices (the inventory is what was published, less what the
+    API server does not take) and the features left out."""
+    from otel_dra.plugin.devices import FEATURES
+
+    metrics.observe_pool(
+        profile,
+        lambda: [d.partition for d in inventory.devices()],
+        lambda: [(f, FEATURES[f]) for f in sorted(publisher.features_off)],
     )
 
 
@@ -416,14 +515,25 @@ def _plugin_telemetry(tracer_provider: Any) -> tuple[Any, Any]:
     return tracing, pipeline
 
 
-def _device_discovery(device_source: str, node_name: str, num_devices: int, nvml: Any) -> Callable[[], list[Any]]:
-    """What finds this node's devices, at start-up and at each resync of the slices."""
-    from otel_dra.plugin.devices import Device, simulated_devices
+def _device_discovery(
+    device_source: str, node_name: str, driver_name: str, options: Any, nvml: Any
+) -> Callable[[], Any]:
+    """What finds this node's pool of devices, at start-up and at each resync of the slices."""
+    from otel_dra.plugin.devices import Device, Pool
+    from otel_dra.plugin.profiles import build
 
     if device_source != "nvml":
+        pool = build(node_name, driver_name, options)
+        log.info(
+            "device profile %s: %d device(s), %d of them partitions, %d counter set(s)",
+            options.profile,
+            len(pool.devices),
+            sum(1 for d in pool.devices if d.partition),
+            len(pool.counter_sets),
+        )
 
-        def simulated() -> list[Device]:
-            return simulated_devices(node_name, num_devices)
+        def simulated() -> Pool:
+            return pool
 
         return simulated
 
@@ -432,7 +542,18 @@ def _device_discovery(device_source: str, node_name: str, num_devices: int, nvml
 
     last: list[Device] = []
 
-    def discover() -> list[Device]:
+    def discover() -> Pool:
+        return build_pool(find())
+
+    def build_pool(devices: list[Device]) -> Pool:
+        pool = Pool(tuple(devices))
+        if options.binding_conditions:
+            from otel_dra.plugin.profiles import with_binding_conditions
+
+            pool = with_binding_conditions(pool)
+        return pool
+
+    def find() -> list[Device]:
         try:
             found = nvml_discover(nvml)
         except DiscoveryError as exc:
@@ -552,6 +673,8 @@ def cmd_plugin(args: argparse.Namespace) -> int:
     )
     if problem is not None:
         raise UsageError(problem)
+    if args.device_source == "nvml" and (args.device_profile != "gpu" or args.gpu_allow_multiple_allocations):
+        raise UsageError("--device-source nvml publishes the GPUs as they are: --device-profile gpu only, unshared")
     web = web_options(args)
     if args.metrics_port < 0 and (web.config is not None or web.authorization != "none"):
         log.warning("--web-config-file / --authorization have no effect: /metrics is off (--metrics-port -1)")
@@ -578,6 +701,11 @@ def cmd_plugin(args: argparse.Namespace) -> int:
             health_check_timeout=args.health_check_timeout,
             unhealthy_device_taint=args.unhealthy_device_taint,
             health_dir=args.health_dir,
+            profile=args.device_profile,
+            partitions=args.partitions,
+            allow_multiple=args.gpu_allow_multiple_allocations,
+            binding_conditions=args.binding_conditions,
+            cpus_per_numa_node=args.cpus_per_numa_node,
         )
     except (CredentialsError, ConfigError) as exc:
         log.error("%s", exc)

@@ -77,6 +77,7 @@ class Device:
     # Only a partition of another device: left out with PARTITIONABLE (it would be allocatable
     # beside its whole device), where a whole device only loses its consumesCounters.
     partition: bool = False
+    parent: str = ""  # the device a partition is part of
     binding_conditions: tuple[str, ...] = ()  # BINDING (with the failure ones and bindsToNode)
     binding_failure_conditions: tuple[str, ...] = ()
     # resource name -> NodeAllocatableResource (API JSON); NODE_ALLOCATABLE.

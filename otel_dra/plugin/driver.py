@@ -41,7 +41,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime
 from typing import Any, Literal, overload
 from urllib.parse import quote, urlsplit
@@ -54,6 +54,7 @@ from otel_dra.kube.client import ApiError, KubeClient
 from otel_dra.plugin.cdi import CdiWriter
 from otel_dra.plugin.checkpoint import Checkpoint, CheckpointError, PreparedClaim, PreparedDevice
 from otel_dra.plugin.devices import Device
+from otel_dra.plugin.devicestatus import DeviceStatusWriter
 from otel_dra.plugin.metrics import PluginMetrics
 from otel_dra.plugin.state import ClaimError, DeviceState, Edit, allocated_as, check_prepared, prepared_edits
 from otel_dra.plugin.state import ClaimRef as ClaimRef  # the RPC servers (server.py) take it from here
@@ -91,6 +92,12 @@ RESULT = "dra.result"
 CACHED = "dra.claim.cached"
 CDI_SPEC = "dra.cdi.spec_file"
 CDI_DEVICE_IDS = "dra.cdi.device_ids"
+# The device profile (otel_dra.plugin.profiles), and per device of dra.devices (same order) its
+# allocation's shareID and, for partitions, the device they are part of ("" for none); each
+# array only when some device has one.
+PROFILE = "dra.device.profile"
+SHARE_IDS = "dra.devices.share_ids"
+PARENTS = "dra.devices.parents"
 # On the RPC span's link to a claim's span (in the claim's own trace): which claim it is.
 LINK_CLAIM_UID = "k8s.resourceclaim.uid"
 
@@ -133,6 +140,12 @@ class Inventory:
         with self._lock:
             return list(self._devices.values())
 
+    def status_data(self, name: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """What device ``name`` reports in a claim's status.devices: (data, networkData); nothing
+        for a device no longer published."""
+        device = self.get(name)
+        return device.status_data() if device is not None else (None, None)
+
 
 class Driver:
     def __init__(
@@ -149,9 +162,14 @@ class Driver:
         api_timeout: tuple[float, float] = (5.0, 15.0),
         clock: Callable[[], float] = time.perf_counter,
         wall_clock: Callable[[], float] = time.time,
+        env_prefix: str = "GPU",
+        gpu_config: bool = True,
+        device_status: DeviceStatusWriter | None = None,
     ) -> None:
         """``clock`` times the driver's work; ``wall_clock`` (Unix seconds) is compared with the
-        claim's allocation time."""
+        claim's allocation time; ``env_prefix`` and ``gpu_config`` are the device profile's
+        (:class:`otel_dra.plugin.state.DeviceState`); ``device_status``: what writes the prepared
+        devices' status into their claims (None: not written)."""
         self.client = client
         self.driver_name = driver_name
         self.node_name = node_name
@@ -160,8 +178,12 @@ class Driver:
         self.cdi = cdi
         self.checkpoint = checkpoint
         self.metrics = metrics
+        self.device_status = device_status
+        self.profile = "gpu"  # the device profile's name, for the spans (set by the CLI)
         # What an allocation prepares here (pure: no I/O).
-        self.state = DeviceState(driver_name, self.pool_name, inventory.get, cdi.device_ids)
+        self.state = DeviceState(
+            driver_name, self.pool_name, inventory.get, cdi.device_ids, env_prefix=env_prefix, gpu_config=gpu_config
+        )
         # Spans are kept as data during the call and made by the recorder's worker after it
         # (telemetry/spans.py: the SDK's span path costs a cold call about 0.2 ms a span).
         self.spans = SpanRecorder(tracer_provider, TRACER_SCOPE, __version__)
@@ -183,15 +205,21 @@ class Driver:
     def prepare(self, claims: Sequence[ClaimRef], parent: SpanHandle | None = None) -> dict[str, ClaimResult]:
         """``parent``: the RPC's span, which the claims' spans link to (see the module notes; a claim
         without a derived trace is its child)."""
-        return {
-            ref.uid: self._one("prepare", ref, self._prepare_claim, self.metrics.prepared, parent) for ref in claims
-        }
+        with self._status_held():
+            return {
+                ref.uid: self._one("prepare", ref, self._prepare_claim, self.metrics.prepared, parent) for ref in claims
+            }
 
     def unprepare(self, claims: Sequence[ClaimRef], parent: SpanHandle | None = None) -> dict[str, ClaimResult]:
-        return {
-            ref.uid: self._one("unprepare", ref, self._unprepare_claim, self.metrics.unprepared, parent)
-            for ref in claims
-        }
+        with self._status_held():
+            return {
+                ref.uid: self._one("unprepare", ref, self._unprepare_claim, self.metrics.unprepared, parent)
+                for ref in claims
+            }
+
+    def _status_held(self) -> AbstractContextManager[None]:
+        """No device status write starts while the kubelet waits for this call (devicestatus.py)."""
+        return self.device_status.call() if self.device_status is not None else nullcontext()
 
     def _one(
         self,
@@ -208,6 +236,7 @@ class Driver:
             CLAIM_UID: ref.uid,
             DRIVER: self.driver_name,
             POOL: self.pool_name,
+            PROFILE: self.profile,
         }
         # Exceptions are recorded here, by hand, so that the claim span gets the error type too.
         span = self._claim_span(f"{operation} claim", ref, attributes, parent)
@@ -232,6 +261,11 @@ class Driver:
             else:
                 span.set_attribute(RESULT, "success")
                 span.set_attribute(DEVICES, [d.device_name for d in devices])
+                if any(d.share_id for d in devices):
+                    span.set_attribute(SHARE_IDS, [d.share_id for d in devices])
+                parents = [self._parent(d.device_name) for d in devices]
+                if any(parents):
+                    span.set_attribute(PARENTS, parents)
                 if operation == "prepare":
                     # What the kubelet hands to the runtime: which CDI edits a container gets.
                     span.set_attribute(
@@ -241,6 +275,11 @@ class Driver:
                 log.debug("%s claim %s: %s", operation, ref, ", ".join(d.device_name for d in devices) or "-")
         record(result.ok, watch.elapsed())
         return result
+
+    def _parent(self, device_name: str) -> str:
+        """The device a partition is part of ("" for a whole device, or one no longer published)."""
+        device = self.inventory.get(device_name)
+        return device.parent if device is not None else ""
 
     def _claim_span(self, name: str, ref: ClaimRef, attributes: dict[str, Any], rpc: SpanHandle | None) -> SpanHandle:
         """The claim's span: in the claim's own trace, linked both ways with the RPC's (see the
@@ -275,6 +314,10 @@ class Driver:
                 span.set_attribute(CACHED, True)
                 if not self.cdi.claim_spec_path(ref.uid).exists():
                     self._write_cdi(ref, span, prepared_edits(ref.uid, cached))
+                if self.device_status is not None:
+                    # Under the claim's lock, so that the writer sees prepare and unprepare in the
+                    # order they happened; it skips a state it wrote already (module notes there).
+                    self.device_status.prepared(ref, cached.devices)
                 return cached.devices
             span.set_attribute(CACHED, False)
             # First from the API server's watch cache (resourceVersion=0: no etcd round trip, about
@@ -300,6 +343,9 @@ class Driver:
                 except OSError as exc:
                     raise ClaimError("CheckpointWriteFailed", f"cannot write the checkpoint: {exc}") from exc
             self._allocation_to_prepared(claim, span)
+            if self.device_status is not None:
+                generation = (claim.get("metadata") or {}).get("generation")
+                self.device_status.prepared(ref, prepared.devices, generation if isinstance(generation, int) else None)
             return prepared.devices
 
     def _allocation_to_prepared(self, claim: Mapping[str, Any], span: SpanHandle) -> None:
@@ -382,7 +428,25 @@ class Driver:
                     self.checkpoint.remove(ref.uid)
                 except OSError as exc:
                     raise ClaimError("CheckpointWriteFailed", f"cannot write the checkpoint: {exc}") from exc
+            if self.device_status is not None:
+                self.device_status.unprepared(ref)
             return entry.devices
+
+    def reapply_device_status(self) -> int:
+        """Hand every claim of the checkpoint to the device status writer (at start: a plugin
+        stopped between a prepare and its status write still writes it); how many."""
+        if self.device_status is None:
+            return 0
+        claims = []
+        try:
+            for uid in self.checkpoint.uids():
+                entry = self.checkpoint.get(uid)
+                if entry is not None:
+                    claims.append((ClaimRef(entry.namespace, uid, entry.name), entry.devices))
+        except CheckpointError:
+            return 0  # logged at start; every prepare and unprepare reports it for its claim
+        self.device_status.reapply(claims)
+        return len(claims)
 
 
 class _Stopwatch:

@@ -160,6 +160,36 @@ ALLOCATION_TO_PREPARED = Instrument(
     ALLOCATION_TO_PREPARED_BUCKETS,
     stability="experimental",
 )
+PUBLISHED_DEVICES = Instrument(
+    "otel_dra_plugin_published_devices",
+    "gauge",
+    "{device}",
+    ("profile", "partition"),
+    "Devices this node publishes in its ResourceSlices, by device profile and whether they are partitions of another.",
+    stability="experimental",
+)
+FEATURES_LEFT_OUT = Instrument(
+    "otel_dra_plugin_features_left_out",
+    "gauge",
+    "1",
+    ("feature", "feature_gate"),
+    "1 per DRA feature of the device profile that the API server does not take, left out of the published pool.",
+    stability="experimental",
+)
+DEVICE_STATUS_WRITES = Instrument(
+    "otel_dra_plugin_device_status_writes",
+    "counter",
+    "{write}",
+    ("operation", "result"),
+    "Writes of prepared devices' status into their ResourceClaims (status.devices), by result.",
+    stability="experimental",
+)
+# Its label values: operation apply (after a prepare) or clear (after an unprepare); result
+# success, error (retried with backoff) or gone (no claim of that name with that UID any more).
+APPLY = "apply"
+CLEAR = "clear"
+GONE = "gone"
+DEVICE_STATUS_OPERATIONS = (APPLY, CLEAR)
 
 # The error types of otel_dra.plugin.state.ClaimError; HTTP<code> is folded into its class.
 ERROR_TYPES = frozenset(
@@ -208,6 +238,9 @@ INSTRUMENTS = (
     DEVICE_HEALTH,
     HEALTH_STREAMS,
     ALLOCATION_TO_PREPARED,
+    DEVICE_STATUS_WRITES,
+    PUBLISHED_DEVICES,
+    FEATURES_LEFT_OUT,
 )
 
 # client-go's code label when there was no HTTP answer.
@@ -238,6 +271,7 @@ class PluginMetrics:
         self._in_flight = meter.create_up_down_counter(IN_FLIGHT.name, IN_FLIGHT.unit, IN_FLIGHT.description)
         self._claim_errors = counter(CLAIM_ERRORS)
         self._allocation_to_prepared = histogram(ALLOCATION_TO_PREPARED)
+        self._device_status_writes = counter(DEVICE_STATUS_WRITES)
         # Present at 0 before any work, as upstream: dashboards and rate() see the series at once.
         for result in RESULTS:
             self._prepare.add(0, {"result": result})
@@ -245,6 +279,9 @@ class PluginMetrics:
         self._fatal.add(0)
         for operation in OPERATIONS:
             self._in_flight.add(0, {"operation": operation})
+        for operation in DEVICE_STATUS_OPERATIONS:
+            for result in RESULTS:
+                self._device_status_writes.add(0, {"operation": operation, "result": result})
 
     @contextmanager
     def in_flight(self, operation: str) -> Iterator[None]:
@@ -283,6 +320,29 @@ class PluginMetrics:
         for instrument, callback in ((PREPARED_DEVICES, prepared), (DEVICE_HEALTH, health), (HEALTH_STREAMS, streams)):
             self._meter.create_observable_gauge(instrument.name, [callback], instrument.unit, instrument.description)
 
+    def observe_pool(
+        self,
+        profile: str,
+        published: Callable[[], Iterable[bool]],
+        left_out: Callable[[], Iterable[tuple[str, str]]],
+    ) -> None:
+        """Gauges of the published pool: ``published`` gives, per published device, whether it is a
+        partition; ``left_out`` the (feature, feature gate) pairs the API server did not take."""
+
+        def devices(options: CallbackOptions) -> Iterable[Observation]:
+            partitions = list(published())
+            whole = sum(1 for p in partitions if not p)
+            yield Observation(whole, {"profile": profile, "partition": "false"})
+            if len(partitions) > whole:
+                yield Observation(len(partitions) - whole, {"profile": profile, "partition": "true"})
+
+        def features(options: CallbackOptions) -> Iterable[Observation]:
+            for feature, gate in left_out():
+                yield Observation(1, {"feature": feature, "feature_gate": gate})
+
+        for instrument, callback in ((PUBLISHED_DEVICES, devices), (FEATURES_LEFT_OUT, features)):
+            self._meter.create_observable_gauge(instrument.name, [callback], instrument.unit, instrument.description)
+
     def prepared(self, ok: bool, seconds: float) -> None:
         attrs = {"result": SUCCESS if ok else ERROR}
         self._prepare.add(1, attrs)
@@ -300,6 +360,10 @@ class PluginMetrics:
         default, trace-based, exemplar filter only when that span is sampled)."""
         attrs = {"driver": driver, "deviceclass_name": device_class}
         self._allocation_to_prepared.record(seconds, attrs, context=context)
+
+    def device_status_write(self, operation: str, result: str) -> None:
+        """One write of a claim's status.devices (otel_dra.plugin.devicestatus)."""
+        self._device_status_writes.add(1, {"operation": operation, "result": result})
 
     def fatal_error(self) -> None:
         self._fatal.add(1)

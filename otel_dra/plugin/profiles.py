@@ -11,8 +11,9 @@ NUMA nodes, the DRANET-style NICs):
   the whole GPU ``gpu-<i>`` that consumes all of it and ``partitions`` devices
   ``gpu-<i>-part-<j>`` that each consume an equal part; the scheduler never gives out more than the
   counters hold. ``profile`` ("full", "1of<N>") is the slice's ``partitionTypeAttribute``.
-- ``cpu``: NUMA nodes ``numa-<i>`` of 16 CPUs each, allocated whole, with their CPU set; each maps
-  to 16 of the node's allocatable ``cpu`` (``nodeAllocatableResources``).
+- ``cpu``: NUMA nodes ``numa-<i>`` of ``cpus_per_numa_node`` CPUs each (16 by default), allocated
+  whole, with their CPU set; each maps to that many of the node's allocatable ``cpu``
+  (``nodeAllocatableResources``), which the scheduler then accounts against the node.
 - ``net``: NICs ``nic-<i>`` of 100G that many claims share (``allowMultipleAllocations``), each
   share consuming bandwidth through a request policy (default 10G, whole gigabits up to the link).
 
@@ -54,6 +55,7 @@ MAX_PARTITIONS = 8
 GPU_MEMORY_MI = 81920  # 80Gi, in Mi so that partitions are whole Mi
 GPU_COMPUTE = 100
 CPUS_PER_NUMA_NODE = 16
+MAX_CPUS_PER_NUMA_NODE = 1024
 NIC_BANDWIDTH = "100G"
 _UUID_NAMESPACE = uuid.UUID("0c3e8a5e-2f7d-4a7b-9b61-3f0f3c1d8e42")
 
@@ -67,12 +69,15 @@ class ProfileOptions:
     partitions: int = 2
     allow_multiple: bool = False  # gpu only: GPUs shared by several claims
     binding_conditions: bool = False
+    cpus_per_numa_node: int = CPUS_PER_NUMA_NODE  # cpu only
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
             raise ValueError(f"unknown device profile {self.profile!r} (one of {', '.join(PROFILES)})")
         if not 1 <= self.partitions <= MAX_PARTITIONS:
             raise ValueError(f"partitions must be 1 to {MAX_PARTITIONS}, not {self.partitions}")
+        if not 1 <= self.cpus_per_numa_node <= MAX_CPUS_PER_NUMA_NODE:
+            raise ValueError(f"cpus_per_numa_node must be 1 to {MAX_CPUS_PER_NUMA_NODE}, not {self.cpus_per_numa_node}")
         if self.allow_multiple and self.profile != GPU:
             raise ValueError(f"allow_multiple is for the {GPU} profile ({NET} devices are always shared)")
 
@@ -84,7 +89,7 @@ def build(node_name: str, driver_name: str, options: ProfileOptions) -> Pool:
     elif options.profile == GPU_PARTITIONABLE:
         pool = _partitionable(node_name, driver_name, options)
     elif options.profile == CPU:
-        pool = Pool(tuple(_numa_nodes(options.count)))
+        pool = Pool(tuple(_numa_nodes(options.count, options.cpus_per_numa_node)))
     else:
         pool = Pool(tuple(_nics(node_name, options.count)))
     return with_binding_conditions(pool) if options.binding_conditions else pool
@@ -152,6 +157,7 @@ def _partitionable(node_name: str, driver_name: str, options: ProfileOptions) ->
                     capacity=part,
                     consumes_counters={counters: part},
                     partition=True,
+                    parent=gpu.name,
                     env={
                         "PARENT": gpu.name,
                         "PROFILE": f"1of{n}",
@@ -164,27 +170,28 @@ def _partitionable(node_name: str, driver_name: str, options: ProfileOptions) ->
     return Pool(tuple(devices), tuple(counter_sets), f"{driver_name}/profile")
 
 
-def cpu_set(index: int) -> str:
-    first = index * CPUS_PER_NUMA_NODE
-    return f"{first}-{first + CPUS_PER_NUMA_NODE - 1}"
+def cpu_set(index: int, cpus: int = CPUS_PER_NUMA_NODE) -> str:
+    first = index * cpus
+    return f"{first}-{first + cpus - 1}" if cpus > 1 else str(first)
 
 
-def _numa_nodes(count: int) -> list[Device]:
+def _numa_nodes(count: int, cpus: int) -> list[Device]:
     return [
         Device(
             name=f"numa-{i}",
             attributes={
                 "numaNode": integer(i),
                 "socket": integer(i // 2),
-                "cpuSet": string(cpu_set(i)),
+                "cpuSet": string(cpu_set(i, cpus)),
                 "model": string("EXAMPLE-CPU"),
             },
-            capacity={"cpus": str(CPUS_PER_NUMA_NODE), "memory": "64Gi"},
-            # Each allocated NUMA node is 16 of the node's allocatable cpu (the kubelet sizes the
-            # pod's cgroup by it where DRANodeAllocatableResources is on).
-            node_allocatable={"cpu": {"mapping": {"deviceMultiplier": str(CPUS_PER_NUMA_NODE)}}},
-            env={"CPUSET": cpu_set(i), "NUMA_NODE": str(i)},
-            data={"cpuSet": cpu_set(i), "numaNode": i},
+            capacity={"cpus": str(cpus), "memory": "64Gi"},
+            # Each allocated NUMA node is that many of the node's allocatable cpu (the scheduler
+            # counts it against the node, the kubelet sizes the pod's cgroup by it, where
+            # DRANodeAllocatableResources is on).
+            node_allocatable={"cpu": {"mapping": {"deviceMultiplier": str(cpus)}}},
+            env={"CPUSET": cpu_set(i, cpus), "NUMA_NODE": str(i)},
+            data={"cpuSet": cpu_set(i, cpus), "numaNode": i},
         )
         for i in range(count)
     ]

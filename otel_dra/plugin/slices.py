@@ -428,9 +428,10 @@ class SlicePublisher:
         """Rediscover and publish once. Raises on failure (see :meth:`start` for the policy).
 
         What the API server does not take is found by writing: it drops the fields of a feature
-        gate that is off (seen in what it wrote back) or, for some, rejects them (422 naming the
-        field). Either turns the feature off for this pool (said once in the log) and the pool is
-        published again without it, so the slices are the same at the next resync."""
+        gate that is off (seen in what it wrote back) or, for some, rejects them (a 422 naming the
+        field, or the admission's 403 naming the feature). Either turns the feature off for this
+        pool (said once in the log) and the pool is published again without it, so the slices are
+        the same at the next resync. Other 403s (RBAC) are retried as any API error."""
         found = self._discover()
         pool = found if isinstance(found, Pool) else Pool(tuple(found))
         written = False
@@ -452,9 +453,8 @@ class SlicePublisher:
                 continue
             if self.features_off == off:
                 return written
-        raise FatalPublishError(
-            "the pool kept changing while features were turned off"
-        )  # cannot happen: each pass turns one off
+        # Not reached: each pass that does not return turns one more feature off.
+        raise FatalPublishError("the pool kept changing while features were turned off")
 
     def start(self) -> SlicePublisher:
         self._thread = threading.Thread(target=self._run, name="slice-publisher", daemon=True)

@@ -7,6 +7,12 @@ reads every open connection at once, so an idle or slow client costs a socket an
 thread; a complete request head goes to a bounded pool of worker threads, which answer it with the
 handler on a blocking socket (the kernel's send timeout bounds a client that stops reading) and hand
 the connection back for its next request. :class:`Limits` says what one client may take.
+
+Request bodies are off by default (the metrics app takes none). With ``Limits.max_body_bytes`` a
+request may carry a ``Content-Length`` body of at most that size: the selector thread receives it
+whole, under the same deadline as the headers, before a worker sees the request (whose ``rfile``
+then holds the head and the body), so a slow or stalled sender still costs no thread; the bodies
+held at once (received, queued or served) are bounded in total too (``max_pending_body_bytes``).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import contextlib
 import io
 import logging
 import queue
+import re
 import selectors
 import socket
 import ssl
@@ -130,6 +137,16 @@ class Limits:
     - ``write_timeout``: seconds a response's send may make no progress (a client that stops reading).
     - ``max_request_line`` (414), ``max_header_bytes`` (431): sizes, in bytes; a malformed request
       line or header is a 400.
+    - ``max_body_bytes``: 0 (the default), requests carry no body: one that announces a body is
+      answered by the handler with its body left unread, and its connection closed. Above 0, a
+      ``Content-Length`` body of at most this many bytes is received by the selector with the head
+      (``header_timeout`` then runs until the body's last byte) and handed to the worker with it; a
+      larger one is 413, a chunked one (``Transfer-Encoding``) 411, a malformed or ambiguous length
+      400, each answered at once and closed.
+    - ``max_pending_body_bytes``: the bodies being received, waiting for a worker or being served,
+      all connections together, by their announced lengths; a request whose body would go beyond is
+      answered 503 and closed, so that many clients each sending a large body (slowly, or faster
+      than the workers take them) cannot exhaust memory.
     """
 
     max_connections: int = 1024
@@ -141,6 +158,8 @@ class Limits:
     max_request_line: int = 8192
     max_header_bytes: int = 65536
     backlog: int = 128
+    max_body_bytes: int = 0
+    max_pending_body_bytes: int = 32 << 20
 
 
 # How often (seconds) the selector looks for connections past their deadline.
@@ -150,6 +169,32 @@ _SWEEP = 0.25
 _WORKER_IDLE = 30.0
 
 _TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+
+# A Content-Length value: digits only (no sign, no spaces inside), at most 18 of them (below 2^63).
+_DIGITS = re.compile(rb"[0-9]{1,18}")
+
+
+def body_length(head: bytes) -> int:
+    """The length of the body that a request head announces: its ``Content-Length`` (0 when it has
+    none); -411 for a ``Transfer-Encoding`` (not supported), -400 for a malformed length or two
+    different ones (RFC 9112 6.3: a request smuggler's tools)."""
+    length: int | None = None
+    for line in head.split(b"\n")[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep:
+            continue
+        name = name.strip().lower()
+        if name == b"transfer-encoding":
+            return -411
+        if name != b"content-length":
+            continue
+        value = value.strip()
+        if not _DIGITS.fullmatch(value):
+            return -400
+        if length is not None and int(value) != length:
+            return -400
+        length = int(value)
+    return length or 0
 
 
 def _client(conn: _Conn) -> str:
@@ -167,7 +212,18 @@ class _Conn:
     """An open connection, owned by the selector thread while it waits for a request and by one
     worker while that request is served."""
 
-    __slots__ = ("address", "buf", "counted", "deadline", "events", "handshaking", "reading", "sock")
+    __slots__ = (
+        "address",
+        "buf",
+        "counted",
+        "deadline",
+        "events",
+        "expect",
+        "handshaking",
+        "reading",
+        "reserved",
+        "sock",
+    )
 
     def __init__(self, sock: socket.socket, address: object, deadline: float, handshaking: bool) -> None:
         self.sock = sock
@@ -178,6 +234,8 @@ class _Conn:
         self.reading = False  # part of a request received: the header deadline runs
         self.events = 0
         self.counted = False  # its request counts against max_requests_per_client
+        self.expect = 0  # bytes of head and body of the request being received (0: its head is not in)
+        self.reserved = 0  # bytes of max_pending_body_bytes its body holds until its answer is sent
 
 
 class HttpServer:
@@ -233,6 +291,7 @@ class HttpServer:
         # the client's own earlier ones (max_requests_per_client).
         self._in_flight: dict[str, int] = {}
         self._parked: dict[str, collections.deque[tuple[_Conn, bytes, int]]] = {}
+        self._pending_body = 0  # bytes reserved by the bodies held now (selector thread only)
         self.parked = 0  # requests that waited for their client's earlier ones, in total
         self._accepting = False
         self._stopping = False
@@ -370,7 +429,12 @@ class HttpServer:
             self._selector.unregister(conn.sock)
             conn.events = 0
 
+    def _release(self, conn: _Conn) -> None:
+        self._pending_body -= conn.reserved
+        conn.reserved = conn.expect = 0
+
     def _close(self, conn: _Conn) -> None:
+        self._release(conn)
         self._unwatch(conn)
         with contextlib.suppress(OSError):
             conn.sock.close()
@@ -413,6 +477,10 @@ class HttpServer:
     def _parse(self, conn: _Conn) -> None:
         """Hand a complete request head to a worker, or refuse one that is too large."""
         limits, buf = self.limits, conn.buf
+        if conn.expect:  # its head is in; waiting for the rest of its body
+            if len(buf) >= conn.expect:
+                self._complete(conn)
+            return
         while buf and buf[0] in b"\r\n":  # empty lines before a request are ignored (RFC 9112 2.2)
             del buf[:1]
         if not buf:
@@ -432,9 +500,36 @@ class HttpServer:
         if end - line_end - 1 > limits.max_header_bytes:
             self._dispatch(conn, b"", 431)
             return
+        if limits.max_body_bytes > 0:
+            length = body_length(bytes(buf[:end]))
+            if length < 0:
+                self._dispatch(conn, b"", -length)
+                return
+            if length > limits.max_body_bytes:
+                self._dispatch(conn, b"", 413)
+                return
+            if length:
+                if self._pending_body + length > limits.max_pending_body_bytes:
+                    log.debug("http: %s: the bodies held are at their limit; 503", conn.address)
+                    self._dispatch(conn, b"", 503)
+                    return
+                conn.reserved = length
+                self._pending_body += length
+            conn.expect = end + length
+            if len(buf) >= conn.expect:
+                self._complete(conn)
+            return
         head = bytes(buf[:end])
         del buf[:end]
         self._dispatch(conn, head, 0)
+
+    def _complete(self, conn: _Conn) -> None:
+        """The head and the body of ``conn``'s request are in: to a worker, together. The body's
+        bytes stay reserved until the worker is done with it (queued bodies count too)."""
+        request = bytes(conn.buf[: conn.expect])
+        del conn.buf[: conn.expect]
+        conn.expect = 0
+        self._dispatch(conn, request, 0)
 
     def _dispatch(self, conn: _Conn, head: bytes, error: int) -> None:
         self._unwatch(conn)
@@ -484,6 +579,7 @@ class HttpServer:
         self._jobs.put((conn, head, error))
 
     def _take_back(self, conn: _Conn, keep: bool) -> None:
+        self._release(conn)
         if not keep or self._stopping:
             self._close(conn)
             return
@@ -572,10 +668,13 @@ class HttpServer:
         except Exception as exc:
             self.handle_error(exc, conn.address)
             return False
-        # A request body (no method here takes one) would be read as the next request.
+        # Without max_body_bytes a request body is left unread: it would be read as the next request.
+        # With it, the body was received whole with the head (and a chunked one refused).
         headers = getattr(handler, "headers", None)
-        if headers is not None and (
-            headers.get("Content-Length", "0").strip() != "0" or "Transfer-Encoding" in headers
+        if (
+            not self.limits.max_body_bytes
+            and headers is not None
+            and (headers.get("Content-Length", "0").strip() != "0" or "Transfer-Encoding" in headers)
         ):
             return False
         return not handler.close_connection

@@ -110,9 +110,11 @@ def make_claim(
     results: list[dict[str, Any]] | None = None,
     config: list[dict[str, Any]] | None = None,
     requests: list[dict[str, Any]] | None = None,
+    node: str | None = None,
 ) -> dict[str, Any]:
     """A ResourceClaim, allocated to ``results`` (with the device ``config`` entries, if any)
-    through the status subresource (what the scheduler writes) unless None."""
+    through the status subresource (what the scheduler writes) unless None; ``node``: the
+    allocation's node selector names that node, as the scheduler's for node-local devices."""
     body = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -125,6 +127,9 @@ def make_claim(
         if config is not None:
             devices["config"] = config
         obj["status"] = {"allocation": {"devices": devices}}
+        if node is not None:
+            term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+            obj["status"]["allocation"]["nodeSelector"] = {"nodeSelectorTerms": [term]}
         obj = admin.send_json("PUT", f"{CLAIMS.format(ns=namespace)}/{name}/status", obj)
 
         # As a kubelet, which calls prepare only once it has seen the claim allocated: the plugin

@@ -789,6 +789,43 @@ def test_chart_accepts_exactly_the_device_attributes_the_cli_accepts(helm, tmp_p
 PLUGIN_SETS = ("plugin.enabled=true",)
 
 
+def test_plugin_device_profile_values_reach_the_plugin_and_its_device_class(helm):
+    sets = (
+        *PLUGIN_SETS,
+        "plugin.deviceProfile=gpu-partitionable",
+        "plugin.partitions=4",
+        "plugin.bindingConditions.enabled=true",
+        "plugin.deviceClass.extendedResourceName=example.com/gpu",
+    )
+    kinds = _by_kind(render(helm, *sets))
+    [ds] = kinds["DaemonSet"]
+    [container] = ds["spec"]["template"]["spec"]["containers"]
+    args = [a.replace("$(NODE_NAME)", "n1") for a in container["args"]]
+    from otel_dra.cli import build_parser
+
+    parsed = build_parser("plugin").parse_args(args)
+    assert (parsed.device_profile, parsed.partitions, parsed.binding_conditions) == ("gpu-partitionable", 4, True)
+    assert parsed.gpu_allow_multiple_allocations is False
+    [device_class] = kinds["DeviceClass"]
+    assert device_class["spec"]["extendedResourceName"] == "example.com/gpu"
+    # Not offered unless asked for.
+    [plain] = _by_kind(render(helm, *PLUGIN_SETS))["DeviceClass"]
+    assert "extendedResourceName" not in plain["spec"]
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["plugin.deviceProfile=tpu"], "deviceProfile"),
+        (["plugin.partitions=9"], "partitions"),
+        (["plugin.bindingConditions=true"], "bindingConditions"),
+        (["plugin.deviceClass.extendedResourceName=gpu"], "extendedResourceName"),
+    ],
+)
+def test_plugin_profile_values_refused_by_the_schema(helm, sets, message):
+    _assert_rejected(helm, [*PLUGIN_SETS, *sets], message)
+
+
 def test_plugin_daemonset_is_as_restricted_as_it_can_be(helm):
     kinds = _by_kind(render(helm, *PLUGIN_SETS, "otlp.endpoint=http://collector:4318"))
     [ds] = kinds["DaemonSet"]
@@ -802,6 +839,11 @@ def test_plugin_daemonset_is_as_restricted_as_it_can_be(helm):
         "--node-name=$(NODE_NAME)",
         "--driver-name=gpu.example.com",
         "--num-devices=8",
+        "--device-profile=gpu",
+        "--partitions=2",
+        "--cpus-per-numa-node=16",
+        "--gpu-allow-multiple-allocations=false",
+        "--binding-conditions=false",
         "--cdi-root=/var/run/cdi",
         "--kubelet-plugins-directory-path=/var/lib/kubelet/plugins",
         "--kubelet-registrar-directory-path=/var/lib/kubelet/plugins_registry",
@@ -849,6 +891,14 @@ def test_plugin_daemonset_is_as_restricted_as_it_can_be(helm):
             "verbs": ["list", "create", "update", "delete"],
         },
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        # The devices' status in the claims it prepares: of its own driver only.
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"], "verbs": ["patch"]},
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceclaims/driver"],
+            "resourceNames": ["gpu.example.com"],
+            "verbs": ["associated-node:patch"],
+        },
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},  # the Node's UID: slice owner
     ]
     [policy] = kinds["ValidatingAdmissionPolicy"]
@@ -948,7 +998,16 @@ def test_plugin_serviceaccount_can_exactly_what_the_plugin_needs(testbed, plugin
     assert can("get", "resourceclaims.resource.k8s.io", "-n", "team-a")
     for verb in ("list", "watch", "update", "patch", "delete", "create"):
         assert not can(verb, "resourceclaims.resource.k8s.io", "-n", "team-a"), verb
-    assert not can("update", "resourceclaims.resource.k8s.io/status", "-n", "team-a")
+    # The devices' status in a claim: patch (server-side apply) of the status, nothing more, and
+    # the API server's per-driver check (resourceclaims/driver) for its own driver on its own node.
+    claims, status, driver = "resourceclaims.resource.k8s.io", ("--subresource=status",), ("--subresource=driver",)
+    assert can("patch", claims, "-n", "team-a", *status)
+    for verb in ("update", "get", "create", "delete"):
+        assert not can(verb, claims, "-n", "team-a", *status), verb
+    assert can("associated-node:patch", f"{claims}/{PLUGIN_TEST_DRIVER}", "-n", "team-a", *driver)
+    assert not can("associated-node:patch", f"{claims}/gpu.example.com", "-n", "team-a", *driver)
+    for verb in ("arbitrary-node:patch", "associated-node:update", "arbitrary-node:update"):
+        assert not can(verb, f"{claims}/{PLUGIN_TEST_DRIVER}", "-n", "team-a", *driver), verb
     assert can("get", "nodes")  # its Node's UID, for the ResourceSlices' owner reference
     assert not can("list", "nodes") and not can("patch", "nodes/status") and not can("update", "nodes")
     for verb, resource in (

@@ -366,7 +366,7 @@ def _check_chart_on_node(
     claim = _generated_claim(client, "chart-gpu")
     [result] = claim["status"]["allocation"]["devices"]["results"]
     device = result["device"]
-    with_gpu, without = container_env(node, "chart-gpu", "with-gpu")(node, "chart-gpu", "without")
+    with_gpu, without = container_env(node, "chart-gpu", "with-gpu"), container_env(node, "chart-gpu", "without")
     assert {f"DRA_RESOURCE_DRIVER_NAME={DRIVER}", f"GPU_DEVICE_{device.removeprefix('gpu-')}={device}"} <= (
         with_gpu - without
     )

@@ -319,3 +319,99 @@ def test_a_pod_asks_for_a_gpu_as_an_extended_resource(
     )
     _delete_pods(client, "extended")
     client.send_json("DELETE", "/apis/resource.k8s.io/v1/deviceclasses/gpu-extended", {})
+
+
+@pytest.fixture
+def binding_controllers() -> Iterator[list[Any]]:
+    """In-process binding controllers a test started; stopped after it."""
+    started: list[Any] = []
+    yield started
+    for app in started:
+        app.stop()
+
+
+@pytest.mark.kubernetes(
+    min="1.35", reason="binding conditions are alpha (the testbed turns them on) in 1.34; tried from 1.35"
+)
+def test_a_pod_waits_for_its_device_to_attach_then_runs_and_the_claim_says_so(
+    node_testbed: tuple[Testbed, Node],
+    host_plugin: list[HostPlugin],
+    client: KubeClient,
+    tmp_path: Path,
+    start_exporter_app: Any,
+    binding_controllers: list[Any],
+) -> None:
+    from otel_dra.cli.binding_controller import start_binding_controller
+
+    testbed, node = node_testbed
+    start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log", "--num-devices=1", "--binding-conditions=true")
+    exporter = start_exporter_app(str(testbed.kubeconfig))
+    binding_controllers.append(start_binding_controller(kubeconfig=str(testbed.kubeconfig), attach_delay=3.0))
+    created = time.monotonic()
+    _claim_pod(client, "attached", GPU)
+    seconds = wait_running(client, "attached", node)
+    # Not bound before the attachment: the scheduler held it in PreBind for the delay.
+    assert time.monotonic() - created >= 3.0
+    claim = _claim_of(client, "attached")
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    assert result["bindingConditions"] == ["Attached"]
+
+    def entry() -> dict[str, Any] | None:
+        found = _claim_of(client, "attached")
+        devices = (found.get("status") or {}).get("devices") or []
+        return (
+            devices[0] if devices and {"Attached", "Ready"} <= {c["type"] for c in devices[0]["conditions"]} else None
+        )
+
+    # The controller's Attached and the plugin's Ready (and data) live in one entry.
+    device_status = wait_until(entry, timeout=30, what="Attached and Ready in the claim's status.devices")
+    assert {(c["type"], c["status"]) for c in device_status["conditions"]} >= {("Attached", "True"), ("Ready", "True")}
+    assert device_status["data"]["uuid"].startswith("gpu-")
+    name = claim["metadata"]["name"]
+    wait_until(
+        lambda: (
+            _series(
+                exporter.port, "kube_resourceclaim_device_binding_state", resourceclaim_name=name, state="satisfied"
+            )
+            == [1.0]
+        ),
+        timeout=30,
+        what="the binding state in the exporter",
+    )
+    ready = {"resourceclaim_name": name, "condition": "Ready", "status": "true"}
+    assert _series(exporter.port, "kube_resourceclaim_status_device_condition", **ready) == [1.0]
+    print(f"\npod with binding conditions Running {seconds:.1f}s after creation (attach delay 3s)")
+    _delete_pods(client, "attached")
+
+
+@pytest.mark.kubernetes(
+    min="1.35", reason="binding conditions are alpha (the testbed turns them on) in 1.34; tried from 1.35"
+)
+def test_a_failed_attachment_sends_the_pod_back_to_the_scheduler(
+    node_testbed: tuple[Testbed, Node],
+    host_plugin: list[HostPlugin],
+    client: KubeClient,
+    tmp_path: Path,
+    binding_controllers: list[Any],
+) -> None:
+    from otel_dra.cli.binding_controller import start_binding_controller
+
+    testbed, node = node_testbed
+    start_plugin(testbed, node, host_plugin, tmp_path / "plugin.log", "--num-devices=1", "--binding-conditions=true")
+    binding_controllers.append(
+        start_binding_controller(kubeconfig=str(testbed.kubeconfig), attach_delay=1.0, failure_fraction=1.0)
+    )
+    _claim_pod(client, "never-attached", GPU)
+
+    def failed_binding_seen() -> bool:
+        events = client.get_json(f"/api/v1/namespaces/{NAMESPACE}/events")["items"]
+        return any(
+            e["involvedObject"].get("name") == "never-attached" and "binding" in (e.get("message") or "").lower()
+            for e in events
+            if e.get("reason") == "FailedScheduling"
+        )
+
+    wait_until(failed_binding_seen, timeout=60, what="the scheduler giving the failed allocation up")
+    found = client.get_json(f"/api/v1/namespaces/{NAMESPACE}/pods/never-attached")
+    assert not found["spec"].get("nodeName") and phase(client, "never-attached") == "Pending"
+    _delete_pods(client, "never-attached")

@@ -446,6 +446,41 @@ def test_prepare_honours_the_claim_device_config(start, kubelet, dirs, node, nam
     assert kubelet.unprepare([ref(configured)]).claims[uid].error == ""
 
 
+def test_claim_spans_name_the_profile_the_partitions_parent_and_the_share(
+    start, kubelet, dirs, node, namespace, admin_client
+):
+    app = start(node, resync=3600, profile="gpu-partitionable", num_devices=1)
+    part = make_claim(admin_client, namespace, f"part-{node}", [result(node, "gpu-0-part-1")])
+    share_id = "5d0f3c1e-3a52-4c1e-9b0e-6d1e0a7f5c21"
+    shared = make_claim(admin_client, namespace, f"share-{node}", [{**result(node, "gpu-0"), "shareID": share_id}])
+    response = kubelet.prepare([ref(part), ref(shared)])
+    assert {uid: c.error for uid, c in response.claims.items()} == {
+        part["metadata"]["uid"]: "",
+        shared["metadata"]["uid"]: "",
+    }
+    (part_span,) = _claim_spans(app, part["metadata"]["uid"])
+    assert part_span.attributes["dra.device.profile"] == "gpu-partitionable"
+    assert list(part_span.attributes["dra.devices.parents"]) == ["gpu-0"]
+    assert "dra.devices.share_ids" not in part_span.attributes
+    (shared_span,) = _claim_spans(app, shared["metadata"]["uid"])
+    assert list(shared_span.attributes["dra.devices.share_ids"]) == [share_id]
+    assert "dra.devices.parents" not in shared_span.attributes
+    # The partition's CDI spec: its parent and its part of the counters.
+    spec = json.loads(dirs.cdi_spec(part["metadata"]["uid"]).read_text())
+    [device] = spec["devices"]
+    assert {"GPU_DEVICE_0_PART_1_PARENT=gpu-0", "GPU_DEVICE_0_PART_1_PROFILE=1of2"} <= set(
+        device["containerEdits"]["env"]
+    )
+    assert kubelet.unprepare([ref(part), ref(shared)]).claims[part["metadata"]["uid"]].error == ""
+    # The plugin's own gauges of what it publishes: a whole GPU and its two partitions; the alpha
+    # partition type (off on every release the testbed runs by default) left out, said by its gate.
+    port = app.metrics_port
+    left_out = {"feature": "partition-type", "feature_gate": "DRAPartitionableDevicesType"}
+    wait_until(lambda: metric(port, "otel_dra_plugin_features_left_out", **left_out) == 1, what="the first publish")
+    assert metric(port, "otel_dra_plugin_published_devices", profile="gpu-partitionable", partition="false") == 1
+    assert metric(port, "otel_dra_plugin_published_devices", profile="gpu-partitionable", partition="true") == 2
+
+
 def _assert_error_span(app: PluginApp, uid: str, error_type: str) -> None:
     (span,) = _claim_spans(app, uid)
     assert span.status.status_code == StatusCode.ERROR, span.name
@@ -643,6 +678,8 @@ def test_chart_role_is_enough(testbed, helm, dirs, kubelet, node, namespace, adm
     # Least privilege: nothing but what the plugin's code paths use.
     assert {(r["resources"][0], v) for r in rules for v in r["verbs"]} == {
         ("resourceclaims", "get"),
+        ("resourceclaims/status", "patch"),  # the devices' status (plugin/devicestatus.py) ...
+        ("resourceclaims/driver", "associated-node:patch"),  # ... of its driver, on its node
         ("resourceslices", "list"),
         ("resourceslices", "create"),
         ("resourceslices", "update"),
@@ -651,7 +688,29 @@ def test_chart_role_is_enough(testbed, helm, dirs, kubelet, node, namespace, adm
     }
     testbed.kubectl("apply", "-f", "-", input=plugin_rbac(rules))
     ensure_node(admin_client, node)  # so that the owner lookup (get nodes) is exercised too
-    token = testbed.mint_token("plugin-rbac", "dra-plugin")
+    # The token of a plugin pod on that node, as the DaemonSet's: bound to the pod, it names the
+    # node, which the API server compares with the claim's (the associated-node verb).
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"plugin-{node}", "namespace": "plugin-rbac"},
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": "dra-plugin",
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "plugin", "image": "example.invalid/plugin:0"}],
+        },
+    }
+    admin_client.send_json("POST", "/api/v1/namespaces/plugin-rbac/pods", pod)
+    token = testbed.kubectl(
+        "create",
+        "token",
+        "dra-plugin",
+        "-n",
+        "plugin-rbac",
+        "--bound-object-kind=Pod",
+        f"--bound-object-name=plugin-{node}",
+    ).stdout.strip()
     kubeconfig = testbed.write_kubeconfig(testbed.dir / "dra-plugin.kubeconfig", token)
     app = start_plugin(
         node_name=node,
@@ -668,13 +727,21 @@ def test_chart_role_is_enough(testbed, helm, dirs, kubelet, node, namespace, adm
         node_uid = admin_client.get_json(f"/api/v1/nodes/{node}")["metadata"]["uid"]
         assert {s["metadata"]["ownerReferences"][0]["uid"] for s in own_slices(admin_client, node)} == {node_uid}
         assert app.publisher.sync() is False  # list works; nothing to write
-        claim = make_claim(admin_client, namespace, f"rbac-{node}", [result(node, "gpu-129")])
+        claim = make_claim(admin_client, namespace, f"rbac-{node}", [result(node, "gpu-129")], node=node)
         uid = claim["metadata"]["uid"]
         assert kubelet.prepare([ref(claim)]).claims[uid].error == ""
+        path = f"{CLAIMS.format(ns=namespace)}/rbac-{node}"
+        wait_until(lambda: admin_client.get_json(path).get("status", {}).get("devices"), what="device status written")
         assert kubelet.unprepare([ref(claim)]).claims[uid].error == ""
-        assert metric(app.metrics_port, "rest_client_requests_total", code="403", method="GET") is None
+        wait_until(
+            lambda: not admin_client.get_json(path).get("status", {}).get("devices"), what="device status cleared"
+        )
+        for method in ("GET", "PATCH"):
+            assert metric(app.metrics_port, "rest_client_requests_total", code="403", method=method) is None
+        assert metric(app.metrics_port, "rest_client_requests_total", code="422", method="PATCH") is None
     finally:
         app.stop(remove_slices=True)
+        admin_client.request("DELETE", f"/api/v1/namespaces/plugin-rbac/pods/plugin-{node}")
         admin_client.request("DELETE", f"/api/v1/nodes/{node}")
     assert own_slices(admin_client, node) == []
 

@@ -9,6 +9,9 @@ from pathlib import Path
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader, Sum
 
+from otel_dra.admission import metrics as webhook_metrics
+from otel_dra.binding import controller as binding_controller
+from otel_dra.binding import metrics as binding_metrics
 from otel_dra.cli import build_parser
 from otel_dra.cli.flags import add_flag
 from otel_dra.cluster import joined_families
@@ -130,7 +133,9 @@ def test_self_metrics_documented():
         name: (unit, prom, kind, ", ".join(keys)) for name, (unit, prom, kind, keys) in _exported(reader).items()
     }
     plugin = {i.name for i in plugin_metrics.INSTRUMENTS}
-    rows = {k: v for k, v in _table_rows().items() if not k.startswith("kube_") and k not in plugin}
+    binding = {i.name for i in binding_metrics.INSTRUMENTS}
+    webhook = {i.name for i in webhook_metrics.INSTRUMENTS}
+    rows = {k: v for k, v in _table_rows().items() if not k.startswith("kube_") and k not in plugin | binding | webhook}
     documented = {name: (r[1], r[2], r[3], r[4]) for name, r in rows.items()}
     assert exported == documented
     provider.shutdown()
@@ -147,6 +152,9 @@ def test_plugin_metrics_documented():
     m.claim_error("prepare", "NotFound")
     m.allocation_to_prepared(3.0, "gpu.example.com", "gpu.example.com")
     m.observe_state(lambda: 2, lambda: [("node-a", "gpu-0", "Healthy")], lambda: 1)
+    m.observe_pool(
+        "gpu-partitionable", lambda: [False, True], lambda: [("partition-type", "DRAPartitionableDevicesType")]
+    )
     stability = {i.name: i.stability for i in plugin_metrics.INSTRUMENTS}
     exported = {
         name: (unit, prom, kind, ", ".join(sorted(keys)), stability[name])
@@ -173,6 +181,63 @@ def test_plugin_metrics_documented():
         "rest_client_request_retries_total",
         "rest_client_requests_total",
     ]
+
+
+def test_binding_controller_metrics_documented():
+    """Every instrument of the binding controller, as the SDK exports it, is a row of its table."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    m = binding_metrics.ControllerMetrics(provider, "gpu.example.com", lambda: 1)
+    m.condition_set("failed", 2.0)
+    m.write_error(503)
+    m.invalid_claim()
+    exported = {
+        name: (unit, prom, kind, ", ".join(sorted(keys)), "experimental")
+        for name, (unit, prom, kind, keys) in _exported(reader).items()
+    }
+    provider.shutdown()
+    names = {i.name for i in binding_metrics.INSTRUMENTS}
+    assert set(exported) == names
+    section = DOC.read_text().split("## Binding controller (`otel-dra binding-controller`)", 1)[1]
+    rows = _table_rows()
+    documented = {
+        name: (r[1], r[2], r[3], ", ".join(sorted(filter(None, r[4].split(", ")))), r[5])
+        for name, r in rows.items()
+        if name in names and f"| {name} |" in section
+    }
+    assert exported == documented
+    # And the span attributes of its traces.
+    traces = section.split("### Binding controller traces", 1)[1]
+    for attribute in binding_controller.SPAN_ATTRIBUTES:
+        assert f"`{attribute}`" in traces, f"span attribute {attribute} is not documented in docs/metrics.md"
+    assert f"`{binding_controller.SPAN_NAME}`" in traces
+
+
+def test_webhook_metrics_documented():
+    """Every instrument of the config webhook, as the SDK exports it, is a row of its table."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    m = webhook_metrics.WebhookMetrics(provider)
+    m.review("DeviceClass", "denied", 0.001)
+    m.invalid_request(400)
+    exported = {
+        name: (unit, prom, kind, ", ".join(sorted(keys)), "experimental")
+        for name, (unit, prom, kind, keys) in _exported(reader).items()
+    }
+    provider.shutdown()
+    names = {i.name for i in webhook_metrics.INSTRUMENTS}
+    assert set(exported) == names
+    section = DOC.read_text().split("## Config webhook (`otel-dra webhook`)", 1)[1]
+    documented = {
+        name: (r[1], r[2], r[3], ", ".join(sorted(filter(None, r[4].split(", ")))), r[5])
+        for name, r in _table_rows().items()
+        if name in names and f"| {name} |" in section
+    }
+    assert exported == documented
+    # The buckets the table gives are the code's.
+    row = _table_rows()[webhook_metrics.REVIEW_DURATION.name][6]
+    buckets = " ".join(f"{b:g}".removeprefix("0") for b in webhook_metrics.REVIEW_DURATION.buckets)
+    assert f"Buckets {buckets}." in row
 
 
 def test_plugin_span_attributes_documented():
@@ -234,7 +299,7 @@ def test_the_testbed_release_and_peer_tables_are_the_tables_own() -> None:
         assert text[begin : text.index(f"<!-- {marker}:end -->")] == table, marker
 
 
-# --- the flag tables of docs/exporter.md, docs/plugin.md and docs/testbed.md (testbed, demo) ---------
+# --- the flag tables of docs/exporter.md, plugin.md, binding-controller.md, testbed.md (testbed, demo) --
 
 ROOT = Path(__file__).resolve().parents[2]
 # The commands whose flags a doc's tables list; each table sits under a heading that names its
@@ -242,6 +307,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FLAG_DOCS = {
     "exporter.md": ("exporter",),
     "plugin.md": ("plugin",),
+    "binding-controller.md": ("binding-controller",),
+    "webhook.md": ("webhook",),
     "testbed.md": ("testbed build", "testbed up", "demo"),
 }
 
@@ -341,8 +408,9 @@ def flag_table_errors(command: str, rows: list[dict[str, str]], actions: dict[st
 
 
 def test_the_flag_tables_are_the_clis_flags() -> None:
-    """Every flag of `otel-dra exporter`, `plugin`, `testbed build`, `testbed up` and `demo` is a row
-    of its table in docs/, and every row is a flag, with the flag's environment variable and default."""
+    """Every flag of `otel-dra exporter`, `plugin`, `binding-controller`, `testbed build`, `testbed up`
+    and `demo` is a row of its table in docs/, and every row is a flag, with the flag's environment
+    variable and default."""
     errors = []
     for doc, commands in FLAG_DOCS.items():
         tables = flag_tables((ROOT / "docs" / doc).read_text())

@@ -110,6 +110,15 @@ def test_bad_options_are_refused_with_the_reason():
         ProfileOptions("gpu-partitionable", partitions=9)
     with pytest.raises(ValueError, match="allow_multiple is for the gpu profile"):
         ProfileOptions("cpu", allow_multiple=True)
+    with pytest.raises(ValueError, match="cpus_per_numa_node must be 1 to 1024"):
+        ProfileOptions("cpu", cpus_per_numa_node=0)
+
+
+def test_small_numa_nodes_map_as_many_cpus_as_they_have():
+    [numa0, numa1] = _pool("cpu", count=2, cpus_per_numa_node=1).devices
+    assert numa1.env == {"CPUSET": "1", "NUMA_NODE": "1"}
+    assert numa1.to_api()["nodeAllocatableResources"] == {"cpu": {"mapping": {"deviceMultiplier": "1"}}}
+    assert numa0.capacity["cpus"] == "1"
 
 
 def test_without_a_feature_the_pool_is_still_right():
