@@ -31,7 +31,17 @@ from urllib.parse import quote
 
 from otel_dra.kube.client import ApiError, KubeClient
 from otel_dra.kube.quantity import parse_quantity
-from otel_dra.plugin.devices import FEATURES, PARTITION_TYPE, PARTITIONABLE, Device, Pool, without
+from otel_dra.plugin.devices import (
+    BINDING,
+    CONSUMABLE,
+    FEATURES,
+    NODE_ALLOCATABLE,
+    PARTITION_TYPE,
+    PARTITIONABLE,
+    Device,
+    Pool,
+    without,
+)
 from otel_dra.plugin.registration import go_to_lower
 
 log = logging.getLogger(__name__)
@@ -48,9 +58,9 @@ SEPARATE_COUNTER_SLICES_SINCE = (1, 35)
 FEATURE_FIELDS = {
     PARTITIONABLE: ("sharedCounters", "consumesCounters"),
     PARTITION_TYPE: ("partitionTypeAttribute",),
-    "consumable": ("allowMultipleAllocations", "requestPolicy"),
-    "binding": ("bindingConditions", "bindingFailureConditions", "bindsToNode"),
-    "node-allocatable": ("nodeAllocatableResources",),
+    CONSUMABLE: ("allowMultipleAllocations", "requestPolicy"),
+    BINDING: ("bindingConditions", "bindingFailureConditions", "bindsToNode"),
+    NODE_ALLOCATABLE: ("nodeAllocatableResources",),
 }
 # Seconds after a (re)registration at which the slices are checked again (see recheck_soon): a few
 # LISTs of the node's own slices per registration.
@@ -304,9 +314,9 @@ class SlicePublisher:
                 {
                     PARTITIONABLE: "partitions are left out, whole devices consume no counters",
                     PARTITION_TYPE: "no partition type attribute on the slices",
-                    "consumable": "each device is allocated whole, to one claim at a time",
-                    "binding": "pods bind without waiting for device attachment",
-                    "node-allocatable": "allocations do not count against the node's allocatable resources",
+                    CONSUMABLE: "each device is allocated whole, to one claim at a time",
+                    BINDING: "pods bind without waiting for device attachment",
+                    NODE_ALLOCATABLE: "allocations do not count against the node's allocatable resources",
                 }[feature],
             )
 
