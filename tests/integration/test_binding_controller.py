@@ -7,7 +7,7 @@ holds the pod in PreBind (polling the claim every 5 s) until the controller sets
 then it binds the pod; or, when the controller sets the failure condition, it gives the device up
 (deallocates the claim) and tries again, so the pod stays unbound.
 
-Kubernetes 1.35 and newer: DRADeviceBindingConditions is alpha (off) in 1.34. The command as a
+Kubernetes 1.35 and newer (DRADeviceBindingConditions is alpha in 1.34-1.35, on by the testbed's gates, beta from 1.36). The command as a
 process (flags from the environment, /readyz, /metrics, SIGTERM) runs on every release.
 """
 
@@ -54,7 +54,8 @@ from tests.helpers import (
 from tests.integration.plugin_helpers import ensure_namespace
 
 needs_binding_conditions = pytest.mark.kubernetes(
-    min="1.35", reason="DRADeviceBindingConditions is alpha and off in 1.34 (beta and on from 1.35)"
+    min="1.35",
+    reason="DRADeviceBindingConditions is alpha in 1.34-1.35 (beta and on from 1.36); tried from 1.35 with the testbed's gates",
 )
 
 NS = "binding-controller"
