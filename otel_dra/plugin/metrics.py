@@ -203,6 +203,7 @@ ERROR_TYPES = frozenset(
         "HTTP5xx",
         "Internal",
         "InvalidClaim",
+        "InvalidConfig",
         "InvalidRequest",
         "InvalidResponse",
         "NoResultsForDriver",

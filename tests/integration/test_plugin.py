@@ -384,7 +384,7 @@ def _opaque(parameters: dict[str, Any], requests: list[str], source: str = "From
 def test_prepare_honours_the_claim_device_config(start, kubelet, dirs, node, namespace, admin_client):
     """Opaque GpuConfig entries as the API server stores them in the allocation (the class's, then
     the claim's), admin access, and a malformed config that fails only its own claim."""
-    start(node, resync=3600)
+    app = start(node, resync=3600)
     # Admin access is allowed only in namespaces labelled for it.
     admin_ns = f"{namespace}-admin"
     ensure_namespace(admin_client, admin_ns, {"resource.kubernetes.io/admin-access": "true"})
@@ -426,6 +426,9 @@ def test_prepare_honours_the_claim_device_config(start, kubelet, dirs, node, nam
         "config[0] (FromClaim): unknown GPU sharing strategy: 'Sometimes' (one of TimeSlicing, SpacePartitioning)"
     )
     assert not dirs.cdi_spec(bad_uid).exists() and bad_uid not in read_checkpoint(dirs)
+    # Counted under its own error type (it was folded into Other).
+    errors = {"operation": "prepare", "error_type": "InvalidConfig"}
+    assert metric(app.metrics_port, "otel_dra_plugin_claim_errors_total", **errors) == 1
     spec = json.loads(dirs.cdi_spec(uid).read_text())
     assert {d["name"]: d["containerEdits"]["env"] for d in spec["devices"]} == {
         f"{uid}-gpu-0": [
