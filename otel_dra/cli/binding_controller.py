@@ -11,9 +11,17 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_dra import __version__
-from otel_dra.cli.flags import add_flag, add_kubeconfig_flag, add_logging_flags, dns_subdomain, int_in
+from otel_dra.cli.flags import add_flag, add_kubeconfig_flag, add_logging_flags, dns_subdomain
 from otel_dra.cli.lifecycle import stop_on_signals, wait_for
-from otel_dra.cli.web import WebOptions, add_web_flags, build_access, describe, web_options
+from otel_dra.cli.web import (
+    WebOptions,
+    add_metrics_listen_flags,
+    add_web_flags,
+    describe,
+    serve_registry,
+    warn_if_metrics_off,
+    web_options,
+)
 from otel_dra.records import record
 
 log = logging.getLogger("otel_dra")
@@ -88,21 +96,7 @@ def add_parser(sub: Any) -> None:
         default=0.0,
         type=fraction,
     )
-    add_flag(
-        p,
-        "--metrics-port",
-        "OTEL_DRA_METRICS_PORT",
-        "port for /metrics, /healthz and /readyz (-1: off, 0: pick a free one)",
-        default=-1,
-        type=int_in(-1, 65535),
-    )
-    add_flag(
-        p,
-        "--metrics-address",
-        "OTEL_DRA_METRICS_ADDRESS",
-        "listen address of --metrics-port (default: all interfaces)",
-        default="",
-    )
+    add_metrics_listen_flags(p)
     add_web_flags(p)
     add_logging_flags(p)
     p.set_defaults(func=cmd_binding_controller)
@@ -194,19 +188,10 @@ def start_binding_controller(
 
 def _serve_metrics(app: BindingControllerApp, client: Any, web: WebOptions, address: str, port: int) -> None:
     """/metrics of the controller's registry, /readyz once the claims are listed and watched."""
-    from otel_dra.telemetry.exposition import assemble
-    from otel_dra.telemetry.http import Endpoints, MetricsServer
-
-    pipeline = app.metrics_pipeline
-
-    def scrape(openmetrics: bool, gzipped: bool) -> list[bytes]:
-        return assemble(pipeline.registry, [], openmetrics, gzipped)
-
-    access = build_access(web, client)
+    app.metrics_server, access = serve_registry(
+        app.metrics_pipeline.registry, app.controller.not_synced, client, web, address, port
+    )
     app.metrics_authorizer = access.authorizer
-    app.metrics_server = MetricsServer(
-        Endpoints(scrape, app.controller.not_synced), address, port, access.security, web.limits
-    ).start()
     log.info(
         "serving /metrics, /healthz, /readyz on %s:%d (/metrics: %s)",
         address or "0.0.0.0",
@@ -220,8 +205,7 @@ def cmd_binding_controller(args: argparse.Namespace) -> int:
     from otel_dra.telemetry.otlp import ConfigError
 
     web = web_options(args)
-    if args.metrics_port < 0 and (web.config is not None or web.authorization != "none"):
-        log.warning("--web-config-file / --authorization have no effect: /metrics is off (--metrics-port -1)")
+    warn_if_metrics_off(args.metrics_port, web)
     stop = stop_on_signals()
     try:
         app = start_binding_controller(

@@ -24,7 +24,7 @@ from otel_dra.cli.flags import (
     int_in,
 )
 from otel_dra.cli.lifecycle import stop_on_signals, wait_for
-from otel_dra.cli.web import WebOptions, add_web_flags, build_access, describe, web_options
+from otel_dra.cli.web import WebOptions, add_web_flags, describe, serve_registry, warn_if_metrics_off, web_options
 from otel_dra.records import record
 
 log = logging.getLogger("otel_dra")
@@ -636,19 +636,8 @@ def _start_health_source(health_state: Any, device_source: str, nvml: Any, healt
 
 def _serve_plugin_metrics(app: PluginApp, client: Any, web: WebOptions, address: str, port: int) -> None:
     """/metrics of the plugin's own registry, behind the web options' security."""
-    from otel_dra.telemetry.exposition import assemble
-    from otel_dra.telemetry.http import Endpoints, MetricsServer
-
-    pipeline = app.metrics_pipeline
-
-    def scrape(openmetrics: bool, gzipped: bool) -> list[bytes]:
-        return assemble(pipeline.registry, [], openmetrics, gzipped)
-
-    access = build_access(web, client)
+    app.metrics_server, access = serve_registry(app.metrics_pipeline.registry, lambda: None, client, web, address, port)
     app.metrics_authorizer = access.authorizer
-    app.metrics_server = MetricsServer(
-        Endpoints(scrape, lambda: None), address, port, access.security, web.limits
-    ).start()
     log.info(
         "serving metrics on %s:%d (/metrics: %s)",
         address or "0.0.0.0",
@@ -676,8 +665,7 @@ def cmd_plugin(args: argparse.Namespace) -> int:
     if args.device_source == "nvml" and (args.device_profile != "gpu" or args.gpu_allow_multiple_allocations):
         raise UsageError("--device-source nvml publishes the GPUs as they are: --device-profile gpu only, unshared")
     web = web_options(args)
-    if args.metrics_port < 0 and (web.config is not None or web.authorization != "none"):
-        log.warning("--web-config-file / --authorization have no effect: /metrics is off (--metrics-port -1)")
+    warn_if_metrics_off(args.metrics_port, web)
     # As for the exporter: a prepare whose API answer has arrived waits for the GIL up to the
     # switch interval while another thread (gRPC, telemetry export) runs Python; 1 ms, not 5.
     sys.setswitchinterval(0.001)

@@ -1,7 +1,8 @@
-"""The /metrics security flags shared by ``otel-dra exporter`` and ``otel-dra plugin``:
+"""The /metrics security flags shared by every command that serves /metrics:
 ``--web-config-file`` (TLS, basic auth, headers; otel_dra/telemetry/webconfig.py) and
-``--authorization=kubernetes`` (TokenReview + SubjectAccessReview; otel_dra/kube/authz.py), and
-their wiring into the metrics server's :class:`~otel_dra.telemetry.http.Security`."""
+``--authorization=kubernetes`` (TokenReview + SubjectAccessReview; otel_dra/kube/authz.py), their
+wiring into the metrics server's :class:`~otel_dra.telemetry.http.Security`, and the server of one
+OTel registry's /metrics that the plugin, the binding controller and the webhook start with them."""
 
 from __future__ import annotations
 
@@ -209,3 +210,51 @@ def describe(access: MetricsAccess) -> str:
     if not security.authenticates:
         parts.append("no authentication")
     return ", ".join(parts)
+
+
+def add_metrics_listen_flags(parser: argparse.ArgumentParser) -> None:
+    """``--metrics-port`` (off by default) and ``--metrics-address`` of a command whose main port
+    is something else (the binding controller, the webhook)."""
+    add_flag(
+        parser,
+        "--metrics-port",
+        "OTEL_DRA_METRICS_PORT",
+        "port for /metrics, /healthz and /readyz (-1: off, 0: pick a free one)",
+        default=-1,
+        type=int_in(-1, 65535),
+    )
+    add_flag(
+        parser,
+        "--metrics-address",
+        "OTEL_DRA_METRICS_ADDRESS",
+        "listen address of --metrics-port (default: all interfaces)",
+        default="",
+    )
+
+
+def warn_if_metrics_off(metrics_port: int, options: WebOptions) -> None:
+    """The security flags of a /metrics that is off (--metrics-port -1) do nothing: say so."""
+    if metrics_port < 0 and (options.config is not None or options.authorization != "none"):
+        log.warning("--web-config-file / --authorization have no effect: /metrics is off (--metrics-port -1)")
+
+
+def serve_registry(
+    registry: Any,
+    not_ready: Any,
+    client: Any,
+    options: WebOptions,
+    address: str,
+    port: int,
+) -> tuple[Any, MetricsAccess]:
+    """/metrics of one OTel registry (the command's own instruments), with /healthz and /readyz
+    (``not_ready()``: why not ready yet, None once ready), behind ``options``' security; started.
+    Returns the server and its access (the caller logs where it listens, ``describe(access)``)."""
+    from otel_dra.telemetry.exposition import assemble
+    from otel_dra.telemetry.http import Endpoints, MetricsServer
+
+    def scrape(openmetrics: bool, gzipped: bool) -> list[bytes]:
+        return assemble(registry, [], openmetrics, gzipped)
+
+    access = build_access(options, client)
+    server = MetricsServer(Endpoints(scrape, not_ready), address, port, access.security, options.limits)
+    return server.start(), access

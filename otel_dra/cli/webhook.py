@@ -13,7 +13,15 @@ from typing import Any
 from otel_dra import __version__
 from otel_dra.cli.flags import UsageError, add_flag, add_kubeconfig_flag, add_logging_flags, dns_subdomain, int_in
 from otel_dra.cli.lifecycle import stop_on_signals, wait_for
-from otel_dra.cli.web import WebOptions, add_web_flags, build_access, describe, web_options
+from otel_dra.cli.web import (
+    WebOptions,
+    add_metrics_listen_flags,
+    add_web_flags,
+    describe,
+    serve_registry,
+    warn_if_metrics_off,
+    web_options,
+)
 from otel_dra.records import record
 
 log = logging.getLogger("otel_dra")
@@ -110,21 +118,7 @@ def add_parser(sub: Any) -> None:
         default=DEFAULT_MAX_REVIEW_BYTES,
         type=int_in(MIN_REVIEW_BYTES, MAX_REVIEW_BYTES),
     )
-    add_flag(
-        p,
-        "--metrics-port",
-        "OTEL_DRA_METRICS_PORT",
-        "port for /metrics, /healthz and /readyz (-1: off, 0: pick a free one)",
-        default=-1,
-        type=int_in(-1, 65535),
-    )
-    add_flag(
-        p,
-        "--metrics-address",
-        "OTEL_DRA_METRICS_ADDRESS",
-        "listen address of --metrics-port (default: all interfaces)",
-        default="",
-    )
+    add_metrics_listen_flags(p)
     add_web_flags(p)
     add_kubeconfig_flag(p)
     add_logging_flags(p)
@@ -272,9 +266,6 @@ def start_webhook(
 
 def _serve_metrics(app: WebhookApp, web: WebOptions, address: str, port: int, kubeconfig: str | None) -> None:
     """/metrics of the webhook's registry; /readyz is always ready (nothing to wait for)."""
-    from otel_dra.telemetry.exposition import assemble
-    from otel_dra.telemetry.http import Endpoints, MetricsServer
-
     client = None
     if web.authorization == "kubernetes":
         # The only case the webhook talks to an API server: the reviews of scrapers' tokens.
@@ -283,20 +274,15 @@ def _serve_metrics(app: WebhookApp, web: WebOptions, address: str, port: int, ku
         credentials = load_credentials(kubeconfig)
         log.info("using Kubernetes credentials from %s (server %s)", credentials.source, credentials.host)
         client = KubeClient(credentials, user_agent=f"{SERVICE_NAME}/{__version__}")
-    pipeline = app.metrics_pipeline
-
-    def scrape(openmetrics: bool, gzipped: bool) -> list[bytes]:
-        return assemble(pipeline.registry, [], openmetrics, gzipped)
-
-    access = build_access(web, client)
-    app.metrics_authorizer = access.authorizer
     try:
-        server = MetricsServer(Endpoints(scrape, lambda: None), address, port, access.security, web.limits)
+        app.metrics_server, access = serve_registry(
+            app.metrics_pipeline.registry, lambda: None, client, web, address, port
+        )
     except OSError as exc:
         raise OSError(
             exc.errno, f"cannot listen on {address or '0.0.0.0'}:{port} (--metrics-port): {exc.strerror}"
         ) from None
-    app.metrics_server = server.start()
+    app.metrics_authorizer = access.authorizer
     log.info(
         "serving /metrics, /healthz, /readyz on %s:%d (/metrics: %s)",
         address or "0.0.0.0",
@@ -310,8 +296,7 @@ def cmd_webhook(args: argparse.Namespace) -> int:
     from otel_dra.telemetry.otlp import ConfigError
 
     web = web_options(args)
-    if args.metrics_port < 0 and (web.config is not None or web.authorization != "none"):
-        log.warning("--web-config-file / --authorization have no effect: /metrics is off (--metrics-port -1)")
+    warn_if_metrics_off(args.metrics_port, web)
     stop = stop_on_signals()
     try:
         app = start_webhook(
