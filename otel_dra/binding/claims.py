@@ -27,9 +27,9 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
+from otel_dra.kube.timestamps import format_time, time_or_none
 from otel_dra.records import record
 
 FIELD_MANAGER = "otel-dra-binding-controller"
@@ -173,7 +173,7 @@ def read_claim(obj: Any, driver: str) -> Allocation | None:
         uid,  # type: ignore[arg-type]
         generation,
         (stamp if isinstance(stamp, str) else "", tuple(identity)),
-        _time(stamp),
+        time_or_none(stamp),
         tuple(targets),
     )
 
@@ -194,11 +194,6 @@ def outcome(allocation: Allocation, target: Target, fraction: float) -> str:
     if target.failure_conditions and fails(allocation.uid, target.key, fraction):
         return FAILED
     return ATTACHED
-
-
-def rfc3339(seconds: float) -> str:
-    """Unix seconds as metav1.Time writes them (whole seconds, UTC)."""
-    return datetime.fromtimestamp(int(seconds), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def new_conditions(
@@ -225,7 +220,7 @@ def _condition(kind: str, reason: str, message: str, now: float, generation: int
         "status": "True",
         "reason": reason,
         "message": message[:MAX_MESSAGE],
-        "lastTransitionTime": rfc3339(now),
+        "lastTransitionTime": format_time(now),
     }
     if generation is not None:
         condition["observedGeneration"] = generation
@@ -318,13 +313,3 @@ def _device_status(raw: Any) -> dict[DeviceKey, dict[str, Mapping[str, Any]]]:
                 raise MalformedClaim(f"{where}.conditions[{j}] has no type")
             found[condition["type"]] = condition
     return out
-
-
-def _time(value: Any) -> float | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return parsed.timestamp() if parsed.tzinfo is not None else None

@@ -3,25 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
+
+from otel_dra.kube.timestamps import parse_time as parse_time  # the fields' other users import it from here
 
 # The values of a condition's ``status`` label: the API's True/False/Unknown in lower case;
 # anything else counts as unknown.
 CONDITION_STATUSES = ("true", "false", "unknown")
-
-
-def parse_time(value: Any) -> float:
-    """An RFC 3339 timestamp (``2026-11-30T03:26:06Z``) as Unix seconds; ValueError otherwise."""
-    if not isinstance(value, str):
-        raise ValueError(f"not a timestamp: {value!r}")
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise ValueError(f"not a timestamp: {value!r}") from None
-    if parsed.tzinfo is None:
-        raise ValueError(f"timestamp without a time zone: {value!r}")
-    return parsed.timestamp()
 
 
 def optional_time(value: Any, what: str, report: Callable[[str], None]) -> float | None:

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 
 from otel_dra.kube.client import ApiError, KubeClient
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+from otel_dra.kube.timestamps import format_time
 
 
 def ensure_node(client: KubeClient, name: str, labels: Mapping[str, str] | None = None) -> None:
@@ -28,7 +24,7 @@ def ensure_node(client: KubeClient, name: str, labels: Mapping[str, str] | None 
     except ApiError as exc:
         if exc.status != 409:
             raise
-    now = _now()
+    now = format_time()
     resources = {"cpu": "64", "memory": "256Gi", "pods": "110"}
     status = {
         "status": {

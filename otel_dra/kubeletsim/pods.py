@@ -34,6 +34,7 @@ import grpc
 from otel_dra._generated.dra.v1 import api_pb2 as dra_pb2
 from otel_dra.kube.client import ApiError, KubeClient
 from otel_dra.kube.reflector import Reflector, ResourceType
+from otel_dra.kube.timestamps import format_time
 from otel_dra.kubeletsim.registry import PluginWatcher
 
 log = logging.getLogger(__name__)
@@ -60,10 +61,6 @@ class ClaimRef:
 class _Prepared:
     node: str
     claims: list[ClaimRef] = field(default_factory=list)
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 class _NodePods:
@@ -459,7 +456,7 @@ class PodSync:
 
     def _report_running(self, pod: dict[str, Any]) -> None:
         meta, spec = pod["metadata"], pod.get("spec") or {}
-        now = _now()
+        now = format_time()
         conditions = [
             {"type": t, "status": "True", "lastTransitionTime": now}
             for t in ("Initialized", "PodReadyToStartContainers", "ContainersReady", "Ready")

@@ -47,7 +47,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -56,6 +55,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_dra import __version__
 from otel_dra.kube.client import ApiError, KubeClient
+from otel_dra.kube.timestamps import format_time
 from otel_dra.plugin.checkpoint import PreparedDevice
 from otel_dra.plugin.metrics import APPLY, CLEAR, ERROR, GONE, SUCCESS, PluginMetrics
 from otel_dra.plugin.state import ClaimRef
@@ -127,11 +127,6 @@ def field_manager(driver: str, node: str) -> str:
     digest = hashlib.sha256(name.encode()).hexdigest()[:12]
     keep = "".join(c if c.isprintable() and c.isascii() else "_" for c in name)
     return f"{keep[: FIELD_MANAGER_MAX - len(digest) - 1]}~{digest}"
-
-
-def rfc3339(seconds: float) -> str:
-    """Unix seconds as the API writes times (whole seconds, UTC)."""
-    return datetime.fromtimestamp(int(seconds), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def device_key(entry: Mapping[str, Any]) -> tuple[str, str, str, str]:
@@ -613,7 +608,7 @@ class DeviceStatusWriter:
                     data=data,
                     network_data=network,
                     message=message,
-                    transition_time=since or rfc3339(want.since),
+                    transition_time=since or format_time(want.since),
                     generation=generation,
                 )
             )

@@ -42,7 +42,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from datetime import datetime
 from typing import Any, Literal, overload
 from urllib.parse import quote, urlsplit
 
@@ -51,6 +50,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_dra import __version__
 from otel_dra.kube.client import ApiError, KubeClient
+from otel_dra.kube.timestamps import time_or_none
 from otel_dra.plugin.cdi import CdiWriter
 from otel_dra.plugin.checkpoint import Checkpoint, CheckpointError, PreparedClaim, PreparedDevice
 from otel_dra.plugin.devices import Device
@@ -483,17 +483,6 @@ def consumer_pod_attributes(claim: Mapping[str, Any]) -> dict[str, Any]:
     return attributes
 
 
-def _time(value: Any) -> float | None:
-    """An RFC 3339 timestamp (``2026-11-30T03:26:06Z``, as the API writes them) as Unix seconds."""
-    if not isinstance(value, str):
-        return None
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return parsed.timestamp() if parsed.tzinfo is not None else None
-
-
 def allocation_time(claim: Mapping[str, Any]) -> float | None:
     """When the claim was allocated, Unix seconds: ``status.allocation.allocationTimestamp``
     (kube-scheduler sets it where the DRADeviceBindingConditions/DRAResourceClaimDeviceStatus gates
@@ -502,13 +491,13 @@ def allocation_time(claim: Mapping[str, Any]) -> float | None:
     its status no more), else None. Both are whole seconds."""
     status = claim.get("status")
     allocation = status.get("allocation") if isinstance(status, dict) else None
-    stamp = _time(allocation.get("allocationTimestamp")) if isinstance(allocation, dict) else None
+    stamp = time_or_none(allocation.get("allocationTimestamp")) if isinstance(allocation, dict) else None
     if stamp is not None:
         return stamp
     metadata = claim.get("metadata")
     fields = metadata.get("managedFields") if isinstance(metadata, dict) else None
     writes = [
-        _time(f.get("time"))
+        time_or_none(f.get("time"))
         for f in (fields if isinstance(fields, list) else [])
         if isinstance(f, dict) and f.get("subresource") == "status" and f.get("manager") == "kube-scheduler"
     ]

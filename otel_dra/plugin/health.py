@@ -33,13 +33,13 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import grpc
 
+from otel_dra.kube.timestamps import format_time
 from otel_dra.plugin.registration import go_to_lower
 from otel_dra.records import record, replace
 
@@ -404,10 +404,6 @@ def taint_key(driver_name: str) -> str:
     return f"{go_to_lower(driver_name)}/unhealthy"
 
 
-def _rfc3339(seconds: float) -> str:
-    return datetime.fromtimestamp(int(seconds), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def taint_value(reason: str) -> str:
     value = _TAINT_VALUE.sub("-", reason)[:63].strip("-_.")
     return value or "unhealthy"
@@ -432,7 +428,7 @@ class DeviceTaints:
                     "key": self.key,
                     "value": taint_value(e.reason),
                     "effect": self.effect,
-                    "timeAdded": _rfc3339(e.since),
+                    "timeAdded": format_time(e.since),
                 }
             ]
             for e in self.state.snapshot()

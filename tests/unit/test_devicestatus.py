@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NoOpTracerProvider, SpanKind, StatusCode
 
 from otel_dra.kube.client import ApiError, Credentials, KubeClient
+from otel_dra.kube.timestamps import format_time
 from otel_dra.plugin import devicestatus as ds
 from otel_dra.plugin.checkpoint import PreparedDevice
 from otel_dra.plugin.metrics import PluginMetrics
@@ -55,7 +56,7 @@ def test_entry_has_the_key_a_ready_condition_and_the_devices_data():
         data={"uuid": "nic-0-uuid"},
         network_data={"interfaceName": "eth1", "ips": ["192.0.2.5/24"]},
         message="prepared by gpu.example.com on node node-a",
-        transition_time=ds.rfc3339(1_790_000_000.7),
+        transition_time=format_time(1_790_000_000.7),
         generation=3,
     )
     assert entry == {
