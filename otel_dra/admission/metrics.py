@@ -11,7 +11,7 @@ from opentelemetry.metrics import MeterProvider
 
 from otel_dra import __version__
 from otel_dra.admission.review import KINDS, OTHER, VERDICTS
-from otel_dra.records import record
+from otel_dra.telemetry.instruments import Instrument
 
 SCOPE = "otel_dra.webhook"
 
@@ -19,16 +19,6 @@ SCOPE = "otel_dra.webhook"
 # milliseconds for a body at --max-review-bytes. The API server's webhook timeout (10 s by default)
 # is far beyond the last bucket.
 REVIEW_DURATION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
-
-
-@record(frozen=True)
-class Instrument:
-    name: str  # OTel instrument name
-    kind: str  # "counter" or "histogram"
-    unit: str
-    labels: tuple[str, ...]
-    description: str
-    buckets: tuple[float, ...] = ()
 
 
 REVIEWS = Instrument(

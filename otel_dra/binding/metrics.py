@@ -14,7 +14,7 @@ from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
 from otel_dra import __version__
 from otel_dra.binding.claims import OUTCOMES
-from otel_dra.records import record
+from otel_dra.telemetry.instruments import Instrument
 
 SCOPE = "otel_dra.binding_controller"
 
@@ -22,16 +22,6 @@ SCOPE = "otel_dra.binding_controller"
 # the watch's and the write's latency; far beyond it, writes that fail and are retried. The
 # scheduler's binding timeout (10 minutes by default) is the last bucket that matters.
 ALLOCATION_TO_CONDITION_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
-
-
-@record(frozen=True)
-class Instrument:
-    name: str  # OTel instrument name
-    kind: str  # "counter", "histogram" or "gauge"
-    unit: str
-    labels: tuple[str, ...]
-    description: str
-    buckets: tuple[float, ...] = ()
 
 
 CONDITIONS = Instrument(

@@ -18,7 +18,7 @@ from opentelemetry.metrics import CallbackOptions, Counter, Histogram, MeterProv
 
 from otel_dra import __version__
 from otel_dra.kube.client import RequestRecord
-from otel_dra.records import record
+from otel_dra.telemetry.instruments import Instrument
 
 SCOPE = "otel_dra.plugin"
 
@@ -38,24 +38,13 @@ REST_DURATION_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0,
 # a busy node; beyond half an hour, stuck). The times compared are whole seconds.
 ALLOCATION_TO_PREPARED_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 
-
-@record(frozen=True)
-class Instrument:
-    name: str  # OTel instrument name
-    kind: str  # "counter" or "histogram"
-    unit: str
-    labels: tuple[str, ...]
-    description: str
-    buckets: tuple[float, ...] = ()
-    stability: str = "beta"  # upstream's families; ours are "experimental"
-
-
 PREPARE_CLAIMS = Instrument(
     "dra_example_driver_prepare_claims",
     "counter",
     "{claim}",
     ("result",),
     "[BETA] Total number of resource claim prepare operations handled by the driver.",
+    stability="beta",
 )
 UNPREPARE_CLAIMS = Instrument(
     "dra_example_driver_unprepare_claims",
@@ -63,6 +52,7 @@ UNPREPARE_CLAIMS = Instrument(
     "{claim}",
     ("result",),
     "[BETA] Total number of resource claim unprepare operations handled by the driver.",
+    stability="beta",
 )
 PREPARE_DURATION = Instrument(
     "dra_example_driver_prepare_claim_duration",
@@ -71,6 +61,7 @@ PREPARE_DURATION = Instrument(
     ("result",),
     "[BETA] Latency in seconds of resource claim prepare operations handled by the driver.",
     CLAIM_DURATION_BUCKETS,
+    stability="beta",
 )
 UNPREPARE_DURATION = Instrument(
     "dra_example_driver_unprepare_claim_duration",
@@ -79,6 +70,7 @@ UNPREPARE_DURATION = Instrument(
     ("result",),
     "[BETA] Latency in seconds of resource claim unprepare operations handled by the driver.",
     CLAIM_DURATION_BUCKETS,
+    stability="beta",
 )
 FATAL_ERRORS = Instrument(
     "dra_example_driver_fatal_background_errors",
@@ -86,6 +78,7 @@ FATAL_ERRORS = Instrument(
     "{error}",
     (),
     "[BETA] Total number of fatal background errors reported by the driver.",
+    stability="beta",
 )
 REST_REQUESTS = Instrument(
     "rest_client_requests",
@@ -93,6 +86,7 @@ REST_REQUESTS = Instrument(
     "{request}",
     ("code", "host", "method"),
     "[ALPHA] Number of HTTP requests, partitioned by status code, method, and host.",
+    stability="beta",
 )
 REST_DURATION = Instrument(
     "rest_client_request_duration",
@@ -101,6 +95,7 @@ REST_DURATION = Instrument(
     ("host", "verb"),
     "[ALPHA] Request latency in seconds. Broken down by verb, and host.",
     REST_DURATION_BUCKETS,
+    stability="beta",
 )
 REST_RETRIES = Instrument(
     "rest_client_request_retries",
@@ -108,6 +103,7 @@ REST_RETRIES = Instrument(
     "{retry}",
     ("code", "host", "verb"),
     "[ALPHA] Number of request retries, partitioned by status code, verb, and host.",
+    stability="beta",
 )
 
 # The SLIs driver teams ask for, beyond upstream's set (issue 14): ours, hence experimental.
