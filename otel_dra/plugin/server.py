@@ -254,7 +254,7 @@ class _GrpcServer:
 
 
 class PluginServer:
-    """Owns the plugin's sockets: lock, stale-socket cleanup, both gRPC servers."""
+    """Owns the plugin's sockets: lock, stale-socket cleanup, the gRPC server behind both."""
 
     def __init__(
         self,
@@ -285,8 +285,7 @@ class PluginServer:
         self.registration_socket = registration.registration_socket(registrar_dir, driver_name)
         self._lock = SocketLock(self.plugin_dir / "plugin.lock")
         self._max_workers = max_workers
-        self._dra_server: _GrpcServer | None = None
-        self._reg_server: _GrpcServer | None = None
+        self._server: _GrpcServer | None = None
         self.registered = threading.Event()
         self.registration_error = ""
 
@@ -323,28 +322,30 @@ class PluginServer:
             # of their own (one spare for the moment a new stream replaces the oldest), so that
             # prepare/unprepare always have max_workers.
             spare = self.health.max_streams + 1 if self.health is not None else 0
-            dra = _GrpcServer(self._max_workers + spare, "dra-grpc")
-            dra_v1_grpc.add_DRAPluginServicer_to_server(_DraServicer(dra_v1, self.driver), dra.server)
-            dra_v1beta1_grpc.add_DRAPluginServicer_to_server(_DraServicer(dra_v1beta1, self.driver), dra.server)
+            # One server for both sockets: each Python gRPC server has a poll thread that wakes
+            # five times a second, idle or not (docs/benchmarks-log.md, issue 29). Both sockets
+            # then offer every service; both live in directories only the kubelet reaches.
+            server = _GrpcServer(self._max_workers + spare, "dra-grpc")
+            dra_v1_grpc.add_DRAPluginServicer_to_server(_DraServicer(dra_v1, self.driver), server.server)
+            dra_v1beta1_grpc.add_DRAPluginServicer_to_server(_DraServicer(dra_v1beta1, self.driver), server.server)
             if self.health is not None:
-                health_v1_grpc.add_DRAResourceHealthServicer_to_server(self.health.servicer(health_v1), dra.server)
+                health_v1_grpc.add_DRAResourceHealthServicer_to_server(self.health.servicer(health_v1), server.server)
                 health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
-                    self.health.servicer(health_v1alpha1), dra.server
+                    self.health.servicer(health_v1alpha1), server.server
                 )
-            self._bind(dra.server, self.dra_socket)
-            dra.server.start()
-            self._dra_server = dra
-            # Registration last: when the kubelet finds the registration socket, dra.sock serves.
-            reg = _GrpcServer(2, "reg-grpc")
             reg_grpc.add_RegistrationServicer_to_server(
                 _RegistrationServicer(
                     self.driver_name, self.dra_socket, self._on_registration, self.supported_versions
                 ),
-                reg.server,
+                server.server,
             )
-            self._bind(reg.server, self.registration_socket)
-            reg.server.start()
-            self._reg_server = reg
+            self._server = server
+            # Both listen from here on, dra.sock first; connections wait in the backlog until
+            # start(), so the kubelet, which dials the registration socket once it appears, is
+            # answered once dra.sock serves.
+            self._bind(server.server, self.dra_socket)
+            self._bind(server.server, self.registration_socket)
+            server.server.start()
         except BaseException:
             self.stop()
             raise
@@ -362,17 +363,18 @@ class PluginServer:
             raise PluginStartError(f"cannot listen on {path}: {exc}") from exc
 
     def stop(self, grace: float = 5.0) -> None:
-        """Unregister first (the registration socket goes away), then stop serving claims. Health
-        streams end just before: cleanly, which the kubelet takes as EOF, not as an error."""
-        for attr, path in (("_reg_server", self.registration_socket), ("_dra_server", self.dra_socket)):
-            server: _GrpcServer | None = getattr(self, attr)
-            if server is not None and attr == "_dra_server" and self.health is not None:
+        """Unregister first: the registration socket's file goes, which the kubelet's plugin watcher
+        takes as the plugin leaving; then stop serving claims (in-flight calls get ``grace``).
+        Health streams end just before: cleanly, which the kubelet takes as EOF, not as an error."""
+        server, self._server = self._server, None
+        if server is not None:  # else nothing of ours listens: the socket files are not ours
+            with contextlib.suppress(FileNotFoundError):
+                self.registration_socket.unlink()
+            if self.health is not None:
                 self.health.state.close()
-            if server is not None:
-                server.stop(grace)
-                setattr(self, attr, None)
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
+            server.stop(grace)
+            with contextlib.suppress(FileNotFoundError):
+                self.dra_socket.unlink()
         self._lock.release()
 
 
