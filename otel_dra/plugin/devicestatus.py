@@ -20,6 +20,17 @@ writers (other drivers, a controller that owns other condition types on the same
 ever removes what this manager set. Clearing is applying an empty ``devices`` list with the same
 manager: the API server removes the entries (or, in a shared entry, the fields) only we owned.
 
+Unprepare: the kubelet unprepares a claim once no pod on this node uses it. Where the claim's
+allocation is for this node alone (its node selector names only this node, as the scheduler's for
+devices of a node's own slices), no pod elsewhere can use it either, so the claim is deallocated
+next (or deleted, with its pod's template), and the API server itself removes the status entries
+of deallocated devices (kube-apiserver's resourceclaim strategy, ``dropDeallocatedStatusDevices``;
+tested on every version we support). Such a claim's clear is not written: one request per claim
+less, which is half of what device status costs a node (docs/benchmarks-log.md, issue 29). Until
+the deallocation the entries still say Ready; a pod that comes to the same claim on this node
+meanwhile is prepared, and written, again. Claims that other nodes may use (devices not of one
+node), and those of the checkpoint at start (their allocation was not read), are cleared as before.
+
 The applied object carries the claim's ``metadata.uid``, which works as a precondition: an apply
 to a claim deleted and re-created with the same name is refused (422, ``metadata.uid``: "field is
 immutable", measured on kube-apiserver 1.37; :func:`uid_conflict`), one to a deleted claim answers
@@ -393,6 +404,7 @@ class DeviceStatusWriter:
         self._pending: dict[str, _Want] = {}  # by claim UID, oldest first
         self._in_flight: str | None = None
         self._written: dict[str, tuple[tuple[str, str, str], ...]] = {}  # what was applied since start
+        self._node_local: set[str] = set()  # claims whose allocation is this node's alone
         self._warned: set[tuple[str, str]] = set()  # (device, problem) logged once
         self._calls = 0  # prepare and unprepare calls running now
         self._quiet_since = 0.0  # when the last one ended
@@ -401,13 +413,38 @@ class DeviceStatusWriter:
         self._stop_deadline = 0.0
 
     # --- what the driver hands over (cheap: a dict operation under a lock) --------------------
-    def prepared(self, ref: ClaimRef, devices: Sequence[PreparedDevice], generation: int | None = None) -> None:
+    def prepared(
+        self,
+        ref: ClaimRef,
+        devices: Sequence[PreparedDevice],
+        generation: int | None = None,
+        *,
+        node_local: bool | None = None,
+    ) -> None:
         """The claim was prepared with ``devices``; ``generation``: its metadata.generation when
-        the driver read the claim (a prepare answered from the checkpoint did not)."""
+        the driver read the claim (a prepare answered from the checkpoint did not); ``node_local``:
+        whether its allocation is for this node alone (None: not known, as before)."""
+        if node_local is not None:
+            with self._cond:
+                if node_local:
+                    self._node_local.add(ref.uid)
+                else:
+                    self._node_local.discard(ref.uid)
         self._submit(_Want(ref, tuple(devices), generation, self._wall_clock(), verify=False))
 
     def unprepared(self, ref: ClaimRef) -> None:
-        """The claim was unprepared: remove the entries this plugin wrote."""
+        """The claim was unprepared: remove the entries this plugin wrote, or leave that to the API
+        server where the allocation is this node's alone (module notes, "Unprepare")."""
+        uid = ref.uid
+        with self._cond:
+            if uid in self._node_local and uid != self._in_flight:
+                self._node_local.discard(uid)
+                # An apply not yet made is not made; one made is removed with the allocation.
+                self._pending.pop(uid, None)
+                self._forget(uid)  # a later prepare of the same claim writes again
+                self._cond.notify_all()  # flush() may wait for what was pending
+                log.debug("device status of claim %s: left for the API server to remove", ref)
+                return
         self._submit(_Want(ref, None, None, self._wall_clock(), verify=False))
 
     def reapply(self, claims: Iterable[tuple[ClaimRef, Sequence[PreparedDevice]]]) -> None:
@@ -638,6 +675,7 @@ class DeviceStatusWriter:
 
     def _forget(self, uid: str) -> None:
         self._written.pop(uid, None)
+        self._node_local.discard(uid)
 
     def _span(self, want: _Want, method: str, template: str, url: str) -> SpanHandle:
         name = f"{method} {template}"

@@ -56,7 +56,15 @@ from otel_dra.plugin.checkpoint import Checkpoint, CheckpointError, PreparedClai
 from otel_dra.plugin.devices import Device
 from otel_dra.plugin.devicestatus import DeviceStatusWriter
 from otel_dra.plugin.metrics import PluginMetrics
-from otel_dra.plugin.state import ClaimError, DeviceState, Edit, allocated_as, check_prepared, prepared_edits
+from otel_dra.plugin.state import (
+    ClaimError,
+    DeviceState,
+    Edit,
+    allocated_as,
+    check_prepared,
+    node_local,
+    prepared_edits,
+)
 from otel_dra.plugin.state import ClaimRef as ClaimRef  # the RPC servers (server.py) take it from here
 from otel_dra.records import record
 from otel_dra.telemetry.spans import SpanHandle, SpanRecorder
@@ -345,7 +353,12 @@ class Driver:
             self._allocation_to_prepared(claim, span)
             if self.device_status is not None:
                 generation = (claim.get("metadata") or {}).get("generation")
-                self.device_status.prepared(ref, prepared.devices, generation if isinstance(generation, int) else None)
+                self.device_status.prepared(
+                    ref,
+                    prepared.devices,
+                    generation if isinstance(generation, int) else None,
+                    node_local=node_local(claim, self.node_name),
+                )
             return prepared.devices
 
     def _allocation_to_prepared(self, claim: Mapping[str, Any], span: SpanHandle) -> None:

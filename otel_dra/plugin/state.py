@@ -207,6 +207,27 @@ def allocated_as(ref: ClaimRef, claim: Mapping[str, Any]) -> bool:
     )
 
 
+def node_local(claim: Mapping[str, Any], node_name: str) -> bool:
+    """Whether the claim's allocation is for ``node_name`` alone: its node selector is the one
+    kube-scheduler writes for devices of a node's own ResourceSlices (one term, one field
+    requirement ``metadata.name In [node]``). Anything else (other nodes, labels, none) is not."""
+    status = claim.get("status")
+    allocation = status.get("allocation") if isinstance(status, dict) else None
+    selector = allocation.get("nodeSelector") if isinstance(allocation, dict) else None
+    terms = selector.get("nodeSelectorTerms") if isinstance(selector, dict) else None
+    if not isinstance(terms, list) or len(terms) != 1 or not isinstance(terms[0], dict):
+        return False
+    term = terms[0]
+    if term.get("matchExpressions") or set(term) - {"matchExpressions", "matchFields"}:
+        return False
+    fields = term.get("matchFields")
+    return (
+        isinstance(fields, list)
+        and len(fields) == 1
+        and fields[0] == {"key": "metadata.name", "operator": "In", "values": [node_name]}
+    )
+
+
 def _quantities(value: Any, driver_name: str) -> dict[str, str]:
     """``consumedCapacity`` (name -> quantity) as strings; anything else is malformed. A name
     qualified with the driver's own domain (``gpu.example.com/memory``, which 1.38 also accepts for

@@ -135,6 +135,52 @@ def test_prepare_writes_the_devices_status_and_unprepare_clears_it(start, kubele
     assert writes(app, "clear", "success") == 1
 
 
+def test_a_node_local_claims_entries_go_with_its_allocation_not_with_a_clear(
+    start, kubelet, node, namespace, admin_client
+):
+    """Allocated to this node alone (the scheduler's node selector for a node's own devices): the
+    unprepare writes nothing, and the API server removes the entries when the allocation goes, as
+    the resource claim controller's deallocation does (an update of the status without it)."""
+    app = start(node)
+    name = f"local-{node}"
+    claim = make_claim(admin_client, namespace, name, [result(node, "gpu-0")], node=node)
+    uid = claim["metadata"]["uid"]
+    assert kubelet.prepare([ref(claim)]).claims[uid].error == ""
+    wait_until(lambda: ours(status_devices(admin_client, namespace, name)), timeout=20, what="our entry")
+    assert writes(app, "apply", "success") == 1
+
+    assert kubelet.unprepare([ref(claim)]).claims[uid].error == ""
+    assert not writes(app, "clear", "success")  # 0: the series exists from the start
+    assert metric(app.metrics_port, "rest_client_requests_total", code="200", method="PATCH") == 1
+    assert set(ours(status_devices(admin_client, namespace, name))) == {"gpu-0"}  # until deallocated
+
+    # Deallocated: the status written back without its allocation, the entries still in it.
+    current = admin_client.get_json(f"{CLAIMS.format(ns=namespace)}/{name}")
+    assert current["status"]["devices"]
+    del current["status"]["allocation"]
+    after = admin_client.send_json("PUT", f"{CLAIMS.format(ns=namespace)}/{name}/status", current)
+    assert not (after.get("status") or {}).get("devices"), after.get("status")
+
+    # Allocated again to the same device and prepared: written again, not taken as written already.
+    again = admin_client.get_json(f"{CLAIMS.format(ns=namespace)}/{name}")
+    again["status"] = {"allocation": claim["status"]["allocation"]}
+    admin_client.send_json("PUT", f"{CLAIMS.format(ns=namespace)}/{name}/status", again)
+    wait_until(
+        lambda: bool(
+            (
+                admin_client.get_json(f"{CLAIMS.format(ns=namespace)}/{name}", {"resourceVersion": "0"}).get("status")
+                or {}
+            ).get("allocation")
+        ),
+        timeout=10,
+        interval=0.01,
+        what="the allocation in the watch cache",
+    )
+    assert kubelet.prepare([ref(claim)]).claims[uid].error == ""
+    wait_until(lambda: ours(status_devices(admin_client, namespace, name)), timeout=20, what="our entry again")
+    assert writes(app, "apply", "success") == 2
+
+
 def test_other_writers_entries_survive_our_write_and_our_clear(start, kubelet, node, namespace, admin_client):
     app = start(node)
     name = f"shared-{node}"

@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 
 from otel_dra.plugin.checkpoint import PreparedClaim, PreparedDevice
-from otel_dra.plugin.state import ClaimError, ClaimRef, DeviceState, allocated_as, check_prepared, prepared_edits
+from otel_dra.plugin.state import (
+    ClaimError,
+    ClaimRef,
+    DeviceState,
+    allocated_as,
+    check_prepared,
+    node_local,
+    prepared_edits,
+)
 
 DRIVER = "gpu.example.com"
 REF = ClaimRef("ns", "u1", "c")
@@ -109,3 +117,30 @@ def test_a_cached_copy_counts_only_with_this_uid_and_an_allocation():
     assert not allocated_as(REF, {**_claim(), "status": {}})
     assert not allocated_as(ClaimRef("ns", "u2", "c"), _claim(_result("gpu-0")))
     assert not allocated_as(REF, {"metadata": None})
+
+
+def _selector(*terms: dict) -> dict:
+    return {"status": {"allocation": {"nodeSelector": {"nodeSelectorTerms": list(terms)}}}}
+
+
+NODE_FIELD = {"key": "metadata.name", "operator": "In", "values": ["n1"]}
+
+
+@pytest.mark.parametrize(
+    ("claim", "expected"),
+    [
+        (_selector({"matchFields": [NODE_FIELD]}), True),  # kube-scheduler's, for a node's own devices
+        (_selector({"matchFields": [{**NODE_FIELD, "values": ["n2"]}]}), False),
+        (_selector({"matchFields": [{**NODE_FIELD, "values": ["n1", "n2"]}]}), False),
+        (_selector({"matchFields": [{**NODE_FIELD, "operator": "NotIn"}]}), False),
+        (_selector({"matchFields": [NODE_FIELD]}, {"matchFields": [NODE_FIELD]}), False),  # terms are ORed
+        (_selector({"matchFields": [NODE_FIELD], "matchExpressions": [{"key": "zone", "operator": "Exists"}]}), False),
+        (_selector({"matchExpressions": [{"key": "rack", "operator": "In", "values": ["r1"]}]}), False),
+        ({"status": {"allocation": {"devices": {"results": []}}}}, False),  # no selector: any node
+        ({"status": {"allocation": {"nodeSelector": "n1"}}}, False),  # malformed
+        ({"status": None}, False),
+        ({}, False),
+    ],
+)
+def test_node_local_is_the_schedulers_selector_for_one_node(claim: dict, expected: bool) -> None:
+    assert node_local(claim, "n1") is expected
