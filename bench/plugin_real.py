@@ -34,7 +34,8 @@ Measured per variant:
   before and after each round), whose buckets start at 100 ms and so cannot give per-call times;
 - pod create -> Running, p50 / p95 (the pods' phase polled every 50 ms);
 - the plugin's resident memory at the end of the round (steady: registered, slices published, a
-  round served) and its CPU time for the round;
+  round served) and its CPU time for the round (from after the bench's first scrape of the
+  driver's /metrics to the last pod gone; before 2026-12-06 that scrape was inside the round);
 - start-up CPU: the process's CPU time at the moment the kubelet logs it connected.
 """
 
@@ -352,8 +353,10 @@ class Bench:
             _wait(f"{variant}: the kubelet to connect", registered, 60, interval=0.01)
             registered_s = time.monotonic() - started
             _wait(f"{variant}: {DEVICES} devices published", lambda: self._devices() == DEVICES, 60)
-            cpu_before = cpu_seconds(proc.pid)
             own_before = driver_histograms(metrics_port)  # after start-up's own requests
+            # After that scrape: a round's CPU is its prepares and unprepares (and what runs
+            # meanwhile), not the bench's own reading of the driver's /metrics.
+            cpu_before = cpu_seconds(proc.pid)
             names = [f"bench-{self.next_pod + i}" for i in range(pods)]
             created: dict[str, float] = {}
             running: dict[str, float] = {}

@@ -65,10 +65,17 @@ MAX_PENDING_TRACES = 2048
 # How long the worker lets a call finish after its root span ended (its answer still to be sent)
 # before making its spans.
 _SETTLE_S = 0.01
-# Exports between calls (SpanRecorder._export_if_idle): one slower than this pauses them that long.
+# Exports between calls (SpanRecorder._export_if_idle): at most one per interval, the spans of
+# the calls meanwhile in one batch. Each export is a request of its own (about 1.5 ms of CPU on the
+# standard machine, whatever the batch holds), and a kubelet calls for each pod twice, with a
+# device status write after each: exported after every call, the spans of a pod took four
+# requests (docs/benchmarks-log.md, issue 29). Below the batch processor's own timer (5 s).
+IDLE_EXPORT_INTERVAL_S = 2.0
+# One slower than this pauses them that long.
 _IDLE_EXPORT_TIMEOUT_MS = 5000
 _SLOW_EXPORT_S = 1.0
 _SLOW_EXPORT_PAUSE_S = 60.0
+_EXPORTED, _BUSY, _PAUSED = "exported", "busy", "paused"  # what _export_if_idle did
 
 
 class PresetIds(IdGenerator):
@@ -481,28 +488,46 @@ class SpanRecorder:
         self._wake.put(None)
 
     def _work(self) -> None:
+        unexported = False  # spans made since the last export between calls
+        due = 0.0  # monotonic time from which the next export between calls may go
+        busy = False  # a call was running at the last try: the next trace to end wakes us
         while not self._closed:
-            self._wake.get()
-            # The root ends inside the handler: its thread still builds and sends the answer,
-            # Python code that would wait for the GIL behind this worker (1 ms switch interval).
-            time.sleep(_SETTLE_S)
-            self.flush()
-            if self._provider is not None:
-                self._export_if_idle(self._provider)
+            # Asleep until a trace ends, or until an export is due for spans made before.
+            wait = max(0.0, due - time.monotonic()) if unexported and not busy else None
+            try:
+                self._wake.get(timeout=wait)
+            except queue.Empty:
+                pass
+            else:
+                # The root ends inside the handler: its thread still builds and sends the answer,
+                # Python code that would wait for the GIL behind this worker (1 ms switch interval).
+                time.sleep(_SETTLE_S)
+                self.flush()
+                unexported, busy = True, False
+            if self._provider is None or not unexported or time.monotonic() < due:
+                continue
+            outcome = self._export_if_idle(self._provider)
+            busy = outcome == _BUSY
+            if not busy:  # exported, or paused (the batch processor's timer exports meanwhile)
+                unexported = False
+                due = time.monotonic() + IDLE_EXPORT_INTERVAL_S
 
-    def _export_if_idle(self, provider: SdkTracerProvider) -> None:
+    def _export_if_idle(self, provider: SdkTracerProvider) -> str:
         """Export what the SDK's batch holds now, while no call runs.
 
         The batch processor exports on a timer, and an export (encoding and sending, about 10 ms
         of Python for a few dozen spans) that overlaps a call delays it: measured at +7% on the
         kubelet-observed prepare mean against the same spans never exported (docs/benchmarks-log.md,
         "Tracing off the call's path"). Right after a call's spans are made is the gap where the
-        next call is least likely, so the batch goes out then; under a steady stream of calls
+        next call is least likely, so the batch goes out then (at most once per
+        ``IDLE_EXPORT_INTERVAL_S``: the calls of that time share one export); under a steady stream of calls
         (always one in flight) the processor's own timer and batch size decide as before. An
         export that takes long (an endpoint that does not answer: the exporter retries up to its
         timeout) turns this off for a while, so the worker keeps making spans."""
-        if time.monotonic() < self._idle_export_paused_until or self._calls or self._queue:
-            return
+        if time.monotonic() < self._idle_export_paused_until:
+            return _PAUSED
+        if self._calls or self._queue:
+            return _BUSY
         started = time.monotonic()
         try:
             provider.force_flush(_IDLE_EXPORT_TIMEOUT_MS)
@@ -510,6 +535,7 @@ class SpanRecorder:
             log.exception("exporting spans between calls failed")
         if time.monotonic() - started > _SLOW_EXPORT_S:
             self._idle_export_paused_until = time.monotonic() + _SLOW_EXPORT_PAUSE_S
+        return _EXPORTED
 
     def _decide(self, root: RecordedSpan) -> None:
         """A root's trace id and flags as ``Tracer.start_span`` will make them: its sampler asked

@@ -26,7 +26,7 @@ from opentelemetry.trace import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from otel_dra.telemetry import sdk_private
-from otel_dra.telemetry.spans import PresetIds, SpanRecorder, tracer_provider
+from otel_dra.telemetry.spans import IDLE_EXPORT_INTERVAL_S, PresetIds, SpanRecorder, tracer_provider
 from otel_dra.telemetry.traceids import parent_context
 from tests.helpers import wait_until
 
@@ -264,6 +264,28 @@ def test_the_batch_goes_out_between_calls_not_on_its_timer(recorders):
     wait_until(lambda: len(exports.batches) == 2, timeout=5, what="the export once no call runs")
     assert sorted(exports.batches[1]) == ["long call", "short call"]
     provider.shutdown()
+
+
+def test_calls_close_together_share_one_export(recorders):
+    """Between calls, but at most one export per interval: each export is a request of its own."""
+    exports = _Exports()
+    provider = _batched(exports)
+    recorder = recorders(provider)
+    with recorder.start("first"):
+        pass
+    try:
+        wait_until(lambda: len(exports.batches) == 1, timeout=5, what="the export after the first call")
+        for name in ("second", "third"):
+            with recorder.start(name):
+                pass
+            time.sleep(0.1)
+        time.sleep(0.3)
+        assert IDLE_EXPORT_INTERVAL_S > 0.6
+        assert len(exports.batches) == 1  # within the interval: waiting for the next export
+        wait_until(lambda: len(exports.batches) == 2, timeout=5, what="one export for both calls")
+        assert sorted(exports.batches[1]) == ["second", "third"]
+    finally:
+        provider.shutdown()
 
 
 def test_without_idle_exports_the_timer_decides():
