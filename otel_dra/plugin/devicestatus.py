@@ -405,6 +405,9 @@ class DeviceStatusWriter:
         self._in_flight: str | None = None
         self._written: dict[str, tuple[tuple[str, str, str], ...]] = {}  # what was applied since start
         self._node_local: set[str] = set()  # claims whose allocation is this node's alone
+        # Told, from the writer's thread, of a claim handed over by ``reapply`` that is gone (no
+        # claim with its UID): the driver drops what its checkpoint still holds of it.
+        self.on_gone: Callable[[ClaimRef], None] | None = None
         self._warned: set[tuple[str, str]] = set()  # (device, problem) logged once
         self._calls = 0  # prepare and unprepare calls running now
         self._quiet_since = 0.0  # when the last one ended
@@ -613,6 +616,8 @@ class DeviceStatusWriter:
                 return False  # the read failed: retried
             if claim is _GONE:
                 self._forget(ref.uid)
+                if self.on_gone is not None:
+                    self.on_gone(ref)
                 return True
             entries = self._entries(want, claim.get("metadata", {}).get("generation"), None)
             present = current_entries(claim, (device_key(e) for e in entries))

@@ -445,6 +445,23 @@ class Driver:
                 self.device_status.unprepared(ref)
             return entry.devices
 
+    def forget_gone_claim(self, ref: ClaimRef) -> None:
+        """A claim of the checkpoint that no longer exists (read at start, see devicestatus.py):
+        its entry goes, as its unprepare would remove it. One is left behind where a machine
+        crash lost an unprepare's checkpoint write, which is not fsynced (Checkpoint.remove); the
+        kubelet never unprepares it again. An unprepare that still comes finds nothing to do."""
+        with self._claim_lock(ref.uid):
+            try:
+                entry = self.checkpoint.get(ref.uid)
+                if entry is None or entry.name != ref.name or entry.namespace != ref.namespace:
+                    return
+                self.cdi.remove_claim(ref.uid)
+                self.checkpoint.remove(ref.uid)
+            except (CheckpointError, OSError) as exc:
+                log.warning("claim %s is gone; its checkpoint entry stays: %s", ref, exc)
+                return
+        log.info("claim %s is gone: removed from the checkpoint (no unprepare came for it)", ref)
+
     def reapply_device_status(self) -> int:
         """Hand every claim of the checkpoint to the device status writer (at start: a plugin
         stopped between a prepare and its status write still writes it); how many."""
@@ -458,6 +475,7 @@ class Driver:
                     claims.append((ClaimRef(entry.namespace, uid, entry.name), entry.devices))
         except CheckpointError:
             return 0  # logged at start; every prepare and unprepare reports it for its claim
+        self.device_status.on_gone = self.forget_gone_claim
         self.device_status.reapply(claims)
         return len(claims)
 

@@ -5,6 +5,7 @@ claim, a restart writes what is missing, a refused write is retried until it is 
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -300,6 +301,42 @@ def test_a_restarted_plugin_writes_a_status_removed_behind_its_back(start, kubel
     assert ours(status_devices(admin_client, namespace, name)) == entries
     assert kubelet.unprepare([ref(claim)]).claims[uid].error == ""
     wait_until(lambda: not status_devices(admin_client, namespace, name), timeout=20, what="cleared")
+
+
+def test_a_restarted_plugin_drops_the_checkpoint_entry_of_a_claim_gone_meanwhile(
+    start, kubelet, dirs, node, namespace, admin_client
+):
+    """What an unprepare's checkpoint write (not fsynced) can leave after a machine crash: an entry
+    whose claim is gone. The restarted plugin reads it, finds no such claim, and drops it."""
+    first = start(node)
+    kept, gone = f"kept-{node}", f"gone-{node}"
+    claims = {
+        n: make_claim(admin_client, namespace, n, [result(node, d)]) for n, d in ((kept, "gpu-4"), (gone, "gpu-5"))
+    }
+    for claim in claims.values():
+        assert kubelet.prepare([ref(claim)]).claims[claim["metadata"]["uid"]].error == ""
+    assert first.driver.device_status.flush(20)
+    first.stop()
+    # Deleted while the plugin is down, and no unprepare comes (the crash lost it).
+    admin_client.request("DELETE", f"{CLAIMS.format(ns=namespace)}/{gone}")
+    wait_until(
+        lambda: (
+            gone not in {c["metadata"]["name"] for c in admin_client.get_json(CLAIMS.format(ns=namespace))["items"]}
+        ),
+        timeout=20,
+        what="the claim deleted",
+    )
+    gone_uid, kept_uid = claims[gone]["metadata"]["uid"], claims[kept]["metadata"]["uid"]
+
+    second = start(node)
+    assert second.driver.device_status.flush(20)
+    assert second.driver.checkpoint.uids() == [kept_uid]
+    assert json.loads(dirs.checkpoint.read_text())["claims"].keys() == {kept_uid}
+    assert not dirs.cdi_spec(gone_uid).exists() and dirs.cdi_spec(kept_uid).exists()
+    # A late unprepare of the gone claim has nothing left to do; the kept one is still prepared.
+    assert kubelet.unprepare([ref(claims[gone])]).claims[gone_uid].error == ""
+    again = kubelet.prepare([ref(claims[kept])]).claims[kept_uid]
+    assert again.error == "" and [d.device_name for d in again.devices] == ["gpu-4"]
 
 
 def _rbac(rules: list[dict[str, Any]]) -> str:
