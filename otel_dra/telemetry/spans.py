@@ -503,9 +503,10 @@ class SpanRecorder:
                 # Python code that would wait for the GIL behind this worker (1 ms switch interval).
                 time.sleep(_SETTLE_S)
                 self.flush()
-                unexported, busy = True, False
+                # Only where this recorder exports between calls; else the batch processor does.
+                unexported, busy = self._provider is not None, False
             if self._provider is None or not unexported or time.monotonic() < due:
-                continue
+                continue  # unexported with an export due later: the wait above ends then
             outcome = self._export_if_idle(self._provider)
             busy = outcome == _BUSY
             if not busy:  # exported, or paused (the batch processor's timer exports meanwhile)

@@ -288,6 +288,33 @@ def test_calls_close_together_share_one_export(recorders):
         provider.shutdown()
 
 
+def _thread_cpu_s(thread: threading.Thread) -> float:
+    """A thread's CPU time so far, from the kernel (Linux)."""
+    with open(f"/proc/self/task/{thread.native_id}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
+
+
+@pytest.mark.parametrize("export_when_idle", [True, False])
+def test_the_worker_sleeps_between_traces(recorders, export_when_idle):
+    """Waiting for the next trace or a due export is a blocking wait, never a loop."""
+    exports = _Exports()
+    provider = _batched(exports)
+    recorder = recorders(provider) if export_when_idle else SpanRecorder(provider, "t", "1", export_when_idle=False)
+    try:
+        with recorder.start("call"):
+            pass
+        wait_until(lambda: recorder._thread is not None, timeout=5, what="the worker")
+        time.sleep(0.2)
+        worker = recorder._thread
+        assert worker is not None
+        before = _thread_cpu_s(worker)
+        time.sleep(1.0)
+        assert _thread_cpu_s(worker) - before < 0.1
+    finally:
+        recorder.close()
+        provider.shutdown()
+
+
 def test_without_idle_exports_the_timer_decides():
     exports = _Exports()
     provider = _batched(exports)
