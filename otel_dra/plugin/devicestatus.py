@@ -279,6 +279,16 @@ def current_entries(claim: Mapping[str, Any], keys: Iterable[tuple[str, str, str
     }
 
 
+def allocates(claim: Mapping[str, Any], driver: str, devices: Sequence[PreparedDevice]) -> bool:
+    """Whether the claim's allocation holds every one of ``devices`` (driver, pool, device,
+    shareID), as when they were prepared."""
+    status = claim.get("status")
+    allocation = status.get("allocation") if isinstance(status, dict) else None
+    results = (allocation.get("devices") or {}).get("results") if isinstance(allocation, dict) else None
+    held = {device_key(r) for r in results or () if isinstance(r, dict)}
+    return all((driver, d.pool_name, d.device_name, d.share_id) in held for d in devices)
+
+
 def applied_by(claim: Mapping[str, Any], manager: str) -> bool:
     """Whether ``manager`` owns fields of the claim's status through an apply."""
     metadata = claim.get("metadata")
@@ -406,7 +416,8 @@ class DeviceStatusWriter:
         self._written: dict[str, tuple[tuple[str, str, str], ...]] = {}  # what was applied since start
         self._node_local: set[str] = set()  # claims whose allocation is this node's alone
         # Told, from the writer's thread, of a claim handed over by ``reapply`` that is gone (no
-        # claim with its UID): the driver drops what its checkpoint still holds of it.
+        # claim with its UID) or no longer allocated those devices: the driver drops what its
+        # checkpoint still holds of it.
         self.on_gone: Callable[[ClaimRef], None] | None = None
         self._warned: set[tuple[str, str]] = set()  # (device, problem) logged once
         self._calls = 0  # prepare and unprepare calls running now
@@ -614,7 +625,11 @@ class DeviceStatusWriter:
             claim = self._read(want, timeout)
             if claim is None:
                 return False  # the read failed: retried
-            if claim is _GONE:
+            if claim is _GONE or not allocates(claim, self.driver_name, want.devices):
+                # Gone, or allocated to other devices since (deallocated and allocated again while
+                # an unprepare's removal was lost): the checkpoint's entry describes nothing now.
+                if claim is not _GONE:
+                    log.info("claim %s is no longer allocated the devices this plugin prepared", ref)
                 self._forget(ref.uid)
                 if self.on_gone is not None:
                     self.on_gone(ref)

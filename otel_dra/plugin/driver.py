@@ -446,10 +446,12 @@ class Driver:
             return entry.devices
 
     def forget_gone_claim(self, ref: ClaimRef) -> None:
-        """A claim of the checkpoint that no longer exists (read at start, see devicestatus.py):
-        its entry goes, as its unprepare would remove it. One is left behind where a machine
-        crash lost an unprepare's checkpoint write, which is not fsynced (Checkpoint.remove); the
-        kubelet never unprepares it again. An unprepare that still comes finds nothing to do."""
+        """A claim of the checkpoint that no longer exists, or is no longer allocated the devices
+        prepared for it (read at start, see devicestatus.py): its entry goes, as its unprepare
+        would remove it. One is left behind where a machine crash lost an unprepare's checkpoint
+        write (not fsynced, Checkpoint.remove; nor is the directory after a rename); the kubelet
+        never unprepares it again, and a claim allocated anew must not be answered from it. An
+        unprepare that still comes finds nothing to do."""
         with self._claim_lock(ref.uid):
             try:
                 entry = self.checkpoint.get(ref.uid)
@@ -460,7 +462,7 @@ class Driver:
             except (CheckpointError, OSError) as exc:
                 log.warning("claim %s is gone; its checkpoint entry stays: %s", ref, exc)
                 return
-        log.info("claim %s is gone: removed from the checkpoint (no unprepare came for it)", ref)
+        log.info("claim %s is gone or allocated anew: removed from the checkpoint (no unprepare came)", ref)
 
     def reapply_device_status(self) -> int:
         """Hand every claim of the checkpoint to the device status writer (at start: a plugin

@@ -303,40 +303,49 @@ def test_a_restarted_plugin_writes_a_status_removed_behind_its_back(start, kubel
     wait_until(lambda: not status_devices(admin_client, namespace, name), timeout=20, what="cleared")
 
 
-def test_a_restarted_plugin_drops_the_checkpoint_entry_of_a_claim_gone_meanwhile(
+def test_a_restarted_plugin_drops_the_checkpoint_entries_of_claims_gone_or_allocated_anew(
     start, kubelet, dirs, node, namespace, admin_client
 ):
     """What an unprepare's checkpoint write (not fsynced) can leave after a machine crash: an entry
-    whose claim is gone. The restarted plugin reads it, finds no such claim, and drops it."""
+    whose claim is gone, or was deallocated and allocated other devices meanwhile. The restarted
+    plugin reads each, and drops both: the second must not be answered from the checkpoint."""
     first = start(node)
-    kept, gone = f"kept-{node}", f"gone-{node}"
-    claims = {
-        n: make_claim(admin_client, namespace, n, [result(node, d)]) for n, d in ((kept, "gpu-4"), (gone, "gpu-5"))
-    }
-    for claim in claims.values():
-        assert kubelet.prepare([ref(claim)]).claims[claim["metadata"]["uid"]].error == ""
+    names = {"kept": f"kept-{node}", "gone": f"gone-{node}", "moved": f"moved-{node}"}
+    devices = {"kept": "gpu-4", "gone": "gpu-5", "moved": "gpu-6"}
+    claims = {k: make_claim(admin_client, namespace, n, [result(node, devices[k])]) for k, n in names.items()}
+    uids = {k: c["metadata"]["uid"] for k, c in claims.items()}
+    for k, claim in claims.items():
+        assert kubelet.prepare([ref(claim)]).claims[uids[k]].error == ""
     assert first.driver.device_status.flush(20)
     first.stop()
-    # Deleted while the plugin is down, and no unprepare comes (the crash lost it).
-    admin_client.request("DELETE", f"{CLAIMS.format(ns=namespace)}/{gone}")
+    # While the plugin is down, and with no unprepare coming (the crash lost it): one claim is
+    # deleted, another deallocated and allocated gpu-7.
+    admin_client.request("DELETE", f"{CLAIMS.format(ns=namespace)}/{names['gone']}")
+    moved = admin_client.get_json(f"{CLAIMS.format(ns=namespace)}/{names['moved']}")
+    del moved["status"]["allocation"]
+    moved = admin_client.send_json("PUT", f"{CLAIMS.format(ns=namespace)}/{names['moved']}/status", moved)
+    moved["status"] = {"allocation": {"devices": {"results": [result(node, "gpu-7")]}}}
+    admin_client.send_json("PUT", f"{CLAIMS.format(ns=namespace)}/{names['moved']}/status", moved)
     wait_until(
         lambda: (
-            gone not in {c["metadata"]["name"] for c in admin_client.get_json(CLAIMS.format(ns=namespace))["items"]}
+            names["gone"]
+            not in {c["metadata"]["name"] for c in admin_client.get_json(CLAIMS.format(ns=namespace))["items"]}
         ),
         timeout=20,
         what="the claim deleted",
     )
-    gone_uid, kept_uid = claims[gone]["metadata"]["uid"], claims[kept]["metadata"]["uid"]
 
     second = start(node)
     assert second.driver.device_status.flush(20)
-    assert second.driver.checkpoint.uids() == [kept_uid]
-    assert json.loads(dirs.checkpoint.read_text())["claims"].keys() == {kept_uid}
-    assert not dirs.cdi_spec(gone_uid).exists() and dirs.cdi_spec(kept_uid).exists()
-    # A late unprepare of the gone claim has nothing left to do; the kept one is still prepared.
-    assert kubelet.unprepare([ref(claims[gone])]).claims[gone_uid].error == ""
-    again = kubelet.prepare([ref(claims[kept])]).claims[kept_uid]
-    assert again.error == "" and [d.device_name for d in again.devices] == ["gpu-4"]
+    assert second.driver.checkpoint.uids() == [uids["kept"]]
+    assert json.loads(dirs.checkpoint.read_text())["claims"].keys() == {uids["kept"]}
+    assert not dirs.cdi_spec(uids["gone"]).exists() and dirs.cdi_spec(uids["kept"]).exists()
+    # A late unprepare of the gone claim has nothing left to do; the kept one is still prepared;
+    # the moved one is prepared as it is allocated now.
+    assert kubelet.unprepare([ref(claims["gone"])]).claims[uids["gone"]].error == ""
+    for k, device in (("kept", "gpu-4"), ("moved", "gpu-7")):
+        answer = kubelet.prepare([ref(claims[k])]).claims[uids[k]]
+        assert answer.error == "" and [d.device_name for d in answer.devices] == [device], k
 
 
 def _rbac(rules: list[dict[str, Any]]) -> str:
