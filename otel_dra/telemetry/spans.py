@@ -66,10 +66,10 @@ MAX_PENDING_TRACES = 2048
 # before making its spans.
 _SETTLE_S = 0.01
 # Exports between calls (SpanRecorder._export_if_idle): at most one per interval, the spans of
-# the calls meanwhile in one batch. Each export is a request of its own (about 1.5 ms of CPU on the
-# standard machine, whatever the batch holds), and a kubelet calls for each pod twice, with a
-# device status write after each: exported after every call, the spans of a pod took four
-# requests (docs/benchmarks-log.md, issue 29). Below the batch processor's own timer (5 s).
+# the calls meanwhile in one batch. Each export is a request of its own, whatever the batch holds,
+# and a kubelet calls for each pod twice, with a device status write after each: exported after
+# every call, a round of 10 pods on the real kubelet made 33 exports, the span worker's largest
+# cost (docs/benchmarks-log.md, issue 29). Below the batch processor's own timer (5 s).
 IDLE_EXPORT_INTERVAL_S = 2.0
 # One slower than this pauses them that long.
 _IDLE_EXPORT_TIMEOUT_MS = 5000
