@@ -22,7 +22,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 IP_FREEBIND = getattr(socket, "IP_FREEBIND", 15)  # Linux; Python's socket module lacks it before 3.12
 _CHUNK = 65536
@@ -43,20 +43,6 @@ def listen(address: tuple[str, int]) -> socket.socket:
     sock.bind(address)
     sock.listen(128)
     return sock
-
-
-def _pipe(client: socket.socket, target: tuple[str, int], open_sockets: set[socket.socket]) -> None:
-    try:
-        upstream = socket.create_connection(target, timeout=10)
-    except OSError:
-        client.close()
-        return
-    upstream.settimeout(None)
-    open_sockets.update((client, upstream))
-    try:
-        _copy_both_ways(client, upstream)
-    finally:
-        open_sockets.difference_update((client, upstream))
 
 
 def _copy_both_ways(client: socket.socket, upstream: socket.socket) -> None:
@@ -85,19 +71,32 @@ def _copy_both_ways(client: socket.socket, upstream: socket.socket) -> None:
                     sink.shutdown(socket.SHUT_WR)
 
 
+def _connect(target: tuple[str, int]) -> socket.socket:
+    return socket.create_connection(target, timeout=10)
+
+
 class Forwarder:
     """Accepts on ``listen_address`` and pipes each connection to ``target``, a thread each, until
-    :meth:`stop` (for tests, which run it in-process)."""
+    :meth:`stop` (for tests, which run it in-process); ``connect`` opens the upstream connection."""
 
-    def __init__(self, listen_address: tuple[str, int], target: tuple[str, int]) -> None:
+    def __init__(
+        self,
+        listen_address: tuple[str, int],
+        target: tuple[str, int],
+        connect: Callable[[tuple[str, int]], socket.socket] = _connect,
+    ) -> None:
         self.target = target
+        self._connect = connect
         self._sock = listen(listen_address)
         self.address: tuple[str, int] = self._sock.getsockname()[:2]
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._serve, name=f"forward-{self.address[1]}", daemon=True)
         self._pipes: list[threading.Thread] = []
-        # Both ends of every open connection: stop() shuts them down, which ends their threads.
+        # Both ends of every open connection: stop() shuts them down, which ends their threads. The
+        # lock orders a pipe's registration against stop(): a connection that registers after stop
+        # has shut the others down would otherwise be left open, its thread waiting forever.
         self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
 
     def start(self) -> Forwarder:
         self._thread.start()
@@ -109,11 +108,28 @@ class Forwarder:
                 client, _ = self._sock.accept()
             except OSError:
                 return
-            thread = threading.Thread(
-                target=_pipe, args=(client, self.target, self._open), daemon=True, name="forward-pipe"
-            )
+            thread = threading.Thread(target=self._pipe, args=(client,), daemon=True, name="forward-pipe")
             thread.start()
             self._pipes = [t for t in self._pipes if t.is_alive()] + [thread]
+
+    def _pipe(self, client: socket.socket) -> None:
+        try:
+            upstream = self._connect(self.target)
+        except OSError:
+            client.close()
+            return
+        upstream.settimeout(None)
+        with self._lock:
+            if self._stopped.is_set():  # stop() came while this connection was being made
+                client.close()
+                upstream.close()
+                return
+            self._open.update((client, upstream))
+        try:
+            _copy_both_ways(client, upstream)
+        finally:
+            with self._lock:
+                self._open.difference_update((client, upstream))
 
     def stop(self) -> None:
         self._stopped.set()
@@ -121,9 +137,10 @@ class Forwarder:
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
         self._thread.join(timeout=5)
-        for sock in list(self._open):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+        with self._lock:
+            for sock in self._open:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
         for thread in self._pipes:
             thread.join(timeout=5)
 

@@ -9,6 +9,7 @@ import json
 import socket
 import tarfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -134,6 +135,29 @@ def test_the_forwarder_stops_with_connections_open() -> None:
     client.close()
     upstream.close()
     server.close()
+
+
+def test_the_forwarder_stops_while_a_connection_is_being_made() -> None:
+    # The upstream connection exists (the server accepted it) a moment before the pipe registers
+    # it; a stop() in that moment once left the pipe open and its thread waiting forever. Here the
+    # moment lasts until stop() has begun.
+    stopping = threading.Event()
+
+    def connect(target: tuple[str, int]) -> socket.socket:
+        upstream = socket.create_connection(target, timeout=5)
+        stopping.wait(5)
+        time.sleep(0.2)  # stop() has shut down what it found open by now
+        return upstream
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        forwarder = Forwarder(("127.0.0.1", 0), server.getsockname()[:2], connect).start()
+        with socket.create_connection(forwarder.address, timeout=5) as client:
+            upstream, _ = server.accept()
+            stopping.set()
+            forwarder.stop()
+            assert client.recv(1) == b""
+            assert upstream.recv(1) == b""
+            upstream.close()
 
 
 def test_testbed_image_wants_dir_and_node_together(capsys: pytest.CaptureFixture[str]) -> None:
