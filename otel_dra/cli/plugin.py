@@ -37,6 +37,9 @@ BINDING_CONDITION = "Attached"
 BINDING_FAILURE_CONDITION = "AttachFailed"
 TAINT_CHOICES = ("NoSchedule", "NoExecute", "none")
 GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST
+# An unprepare's CDI spec removal and checkpoint write come this long after its answer
+# (plugin/cleanup.py): the unprepares of a pod's teardown share one checkpoint write.
+UNPREPARE_CLEANUP_DELAY_S = 0.2
 
 
 def add_parser(sub: Any) -> None:
@@ -266,6 +269,7 @@ class PluginApp:
         if self.health_source is not None:
             self.health_source.stop()
         self.server.stop()
+        self.driver.close()  # the files of the unprepares answered go now
         self.publisher.stop()
         if self.remove_slices_on_exit if remove_slices is None else remove_slices:
             from otel_dra.kube.client import ApiError
@@ -471,6 +475,7 @@ def _claim_driver(
         device_status=device_status.start(),
         env_prefix=ENV_PREFIXES[profile],
         gpu_config=profile in (GPU, GPU_PARTITIONABLE),
+        cleanup_delay=UNPREPARE_CLEANUP_DELAY_S,
     )
     driver.profile = profile
     driver.reapply_device_status()

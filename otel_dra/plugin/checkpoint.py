@@ -103,6 +103,7 @@ class Checkpoint:
         # whole file, and converting every entry again made a write grow with the prepared claims.
         self._entries: dict[str, dict[str, Any]] = {}
         self.broken: CheckpointError | None = None
+        self._dirty = False  # removals made in memory, not written yet (remove(write=False))
         with self._lock, contextlib.suppress(CheckpointError):
             self._reload()  # a broken file is reported by each call (see the module notes)
 
@@ -168,22 +169,39 @@ class Checkpoint:
         with self._lock:
             self._usable()
             entries = {**self._entries, uid: claim.to_json()}
-            self._save(entries)
+            self._save(entries)  # the removals not written yet go with it
             self._claims = {**self._claims, uid: claim}
             self._entries = entries
+            self._dirty = False
 
-    def remove(self, uid: str) -> bool:
+    def remove(self, uid: str, *, write: bool = True) -> bool:
+        """Forget a claim; ``write``: rewrite the file now, else at the next :meth:`flush` or
+        :meth:`put` (the unprepare's, after the kubelet has its answer: cleanup.py). Readers of
+        this object see the claim gone at once either way."""
         with self._lock:
             self._usable()
             if uid not in self._claims:
                 return False
             entries = {k: v for k, v in self._entries.items() if k != uid}
-            # Not fsynced (files.write_atomic): what a machine crash can lose here is the removal,
-            # i.e. an entry of a claim unprepared already, never a prepared claim. Such an entry
-            # answers nothing (claim UIDs are never reused), and the restarted plugin, which reads
-            # every claim of its checkpoint, drops it when the claim is gone
-            # (Driver.forget_gone_claim). It saves each unprepare an fsync (issue 29).
-            self._save(entries, durable=False)
+            if write:
+                # Not fsynced (files.write_atomic): what a machine crash can lose here is the
+                # removal, i.e. an entry of a claim unprepared already, never a prepared claim.
+                # Such an entry answers nothing (claim UIDs are never reused), and the restarted
+                # plugin, which reads every claim of its checkpoint, drops it when the claim is
+                # gone (Driver.forget_gone_claim). It saves each unprepare an fsync (issue 29).
+                self._save(entries, durable=False)
+            self._dirty = not write  # a write now took the earlier removals along
             self._claims = {k: v for k, v in self._claims.items() if k != uid}
             self._entries = entries
+            return True
+
+    def flush(self) -> bool:
+        """Write the removals not written yet (not fsynced, as :meth:`remove`); whether there
+        were any. On a write error they stay to be written."""
+        with self._lock:
+            self._usable()
+            if not self._dirty:
+                return False
+            self._save(self._entries, durable=False)
+            self._dirty = False
             return True

@@ -5,7 +5,9 @@ UID), turns its allocation into prepared devices and CDI edits (:mod:`otel_dra.p
 UID checked, the results for this driver and this node's pool, what the spec sets for each device
 from the claim's opaque device configuration and admin access as in dra-example-driver), writes a
 CDI spec for the claim, records it in the checkpoint and returns the CDI device ids. Unprepare
-removes the spec and the checkpoint entry. An unusable claim or configuration fails that claim's
+removes the spec and the checkpoint entry, during the call or, with ``cleanup_delay``, just after
+its answer (:mod:`otel_dra.plugin.cleanup`: the kubelet does not wait for files it never reads).
+An unusable claim or configuration fails that claim's
 prepare with the reason. Both are idempotent; failures are reported per claim (the kubelet retries
 those claims), never as a failed RPC. This module is the orchestration: locks, the API reads, the
 files, spans and metrics.
@@ -53,6 +55,7 @@ from otel_dra.kube.client import ApiError, KubeClient
 from otel_dra.kube.timestamps import time_or_none
 from otel_dra.plugin.cdi import CdiWriter
 from otel_dra.plugin.checkpoint import Checkpoint, CheckpointError, PreparedClaim, PreparedDevice
+from otel_dra.plugin.cleanup import Deferred
 from otel_dra.plugin.devices import Device
 from otel_dra.plugin.devicestatus import DeviceStatusWriter
 from otel_dra.plugin.metrics import PluginMetrics
@@ -173,11 +176,16 @@ class Driver:
         env_prefix: str = "GPU",
         gpu_config: bool = True,
         device_status: DeviceStatusWriter | None = None,
+        cleanup_delay: float | None = None,
+        cleanup_retry: float = 5.0,
     ) -> None:
         """``clock`` times the driver's work; ``wall_clock`` (Unix seconds) is compared with the
         claim's allocation time; ``env_prefix`` and ``gpu_config`` are the device profile's
         (:class:`otel_dra.plugin.state.DeviceState`); ``device_status``: what writes the prepared
-        devices' status into their claims (None: not written)."""
+        devices' status into their claims (None: not written); ``cleanup_delay``: an unprepare's
+        CDI spec removal and checkpoint write are made that many seconds after the answer, on a
+        thread of their own (cleanup.py; :meth:`close` stops it), None: during the call; what fails
+        there is tried again ``cleanup_retry`` seconds later."""
         self.client = client
         self.driver_name = driver_name
         self.node_name = node_name
@@ -199,6 +207,11 @@ class Driver:
         self._clock = clock
         self._wall_clock = wall_clock
         self._stripes = [threading.Lock() for _ in range(_LOCK_STRIPES)]
+        self._cleanup = (
+            None
+            if cleanup_delay is None
+            else Deferred(self._clean_up, delay=cleanup_delay, retry=cleanup_retry, name="unprepare-cleanup")
+        )
         api = urlsplit(client.host)
         self._api_address = api.hostname or ""
         self._api_port = api.port or (443 if api.scheme == "https" else 80)
@@ -428,22 +441,67 @@ class Driver:
         _validate(ref, full=False)
         with self._claim_lock(ref.uid):
             entry = self.checkpoint.get(ref.uid)
-            path = self.cdi.claim_spec_path(ref.uid)
-            with span.child("remove CDI spec", attributes={CDI_SPEC: str(path)}):
-                try:
-                    self.cdi.remove_claim(ref.uid)
-                except OSError as exc:
-                    raise ClaimError("CDIRemoveFailed", f"cannot remove CDI spec {path}: {exc}") from exc
+            # The spec goes whether or not an entry was there: a prepare that failed after
+            # writing it left one.
+            if self._cleanup is not None and self._cleanup.submit(ref.uid):
+                # The devices are free once the checkpoint forgets the claim; the files follow
+                # after the answer (cleanup.py), whose worker waits for this claim's lock.
+                if entry is not None:
+                    self.checkpoint.remove(ref.uid, write=False)
+            else:
+                self._remove_files(ref, span, entry is not None)
             if entry is None:
                 return ()  # never prepared here, or already unprepared: nothing left to do
+            if self.device_status is not None:
+                self.device_status.unprepared(ref)
+            return entry.devices
+
+    def _remove_files(self, ref: ClaimRef, span: SpanHandle, in_checkpoint: bool) -> None:
+        path = self.cdi.claim_spec_path(ref.uid)
+        with span.child("remove CDI spec", attributes={CDI_SPEC: str(path)}):
+            try:
+                self.cdi.remove_claim(ref.uid)
+            except OSError as exc:
+                raise ClaimError("CDIRemoveFailed", f"cannot remove CDI spec {path}: {exc}") from exc
+        if in_checkpoint:
             with span.child("write checkpoint"):
                 try:
                     self.checkpoint.remove(ref.uid)
                 except OSError as exc:
                     raise ClaimError("CheckpointWriteFailed", f"cannot write the checkpoint: {exc}") from exc
-            if self.device_status is not None:
-                self.device_status.unprepared(ref)
-            return entry.devices
+
+    def _clean_up(self, uids: list[str]) -> list[str]:
+        """The deferred part of the unprepares of ``uids`` (cleanup.py); the UIDs to try again."""
+        failed: list[str] = []
+        for uid in uids:
+            with self._claim_lock(uid):
+                try:
+                    if self.checkpoint.get(uid) is not None:
+                        continue  # prepared again meanwhile: the spec there is the new prepare's
+                    self.cdi.remove_claim(uid)
+                except (CheckpointError, OSError) as exc:
+                    kind = "CheckpointUnreadable" if isinstance(exc, CheckpointError) else "CDIRemoveFailed"
+                    self.metrics.claim_error("unprepare", kind)
+                    log.warning("unprepared claim %s: cannot remove its CDI spec yet (retried): %s", uid, exc)
+                    failed.append(uid)
+        try:
+            self.checkpoint.flush()
+        except (CheckpointError, OSError) as exc:
+            kind = "CheckpointUnreadable" if isinstance(exc, CheckpointError) else "CheckpointWriteFailed"
+            self.metrics.claim_error("unprepare", kind)
+            log.warning("unprepared claims %s: cannot write the checkpoint yet (retried): %s", ", ".join(uids), exc)
+            return uids
+        return failed
+
+    def settle(self, timeout: float = 10.0) -> bool:
+        """Wait until the unprepares answered so far have removed their files (False: not within
+        ``timeout``, or some removal fails; it is retried)."""
+        return self._cleanup is None or self._cleanup.flush(timeout)
+
+    def close(self) -> None:
+        """After the last call: the files of the unprepares answered are removed now."""
+        if self._cleanup is not None:
+            self._cleanup.close()
 
     def forget_gone_claim(self, ref: ClaimRef) -> None:
         """A claim of the checkpoint that no longer exists, or is no longer allocated the devices

@@ -128,7 +128,8 @@ CLAIM_ERRORS = Instrument(
     "counter",
     "{error}",
     ("operation", "error_type"),
-    "Claims whose prepare or unprepare failed, by error type (a bounded set).",
+    "Claims whose prepare or unprepare failed, and failed tries to remove an unprepared claim's files "
+    "(after its answer), by error type (a bounded set).",
     stability="experimental",
 )
 DEVICE_HEALTH = Instrument(

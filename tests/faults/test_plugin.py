@@ -105,13 +105,14 @@ def test_plugin_sigkilled_between_prepare_and_unprepare(sim):
     wait_until(lambda: _serving(sim), 30, what="the restarted plugin serving")
     _delete_pod(sim, "victim")  # the emulator unprepares through the new process
     assert _unprepares(sim, "success") == 1 and _unprepares(sim, "error") == 0
-    assert not list(cdi.glob(f"*{uid}*")), "the claim's CDI spec leaked"
-    assert _checkpoint_uids(sim) == set()
+    # The spec and the checkpoint entry go just after the answer (plugin/cleanup.py).
+    wait_until(lambda: not list(cdi.glob(f"*{uid}*")), 10, what="the claim's CDI spec removed")
+    wait_until(lambda: _checkpoint_uids(sim) == set(), 10, what="the checkpoint emptied")
     assert _leftovers(plugin_dir) == [] and _leftovers(cdi) == []
     # The new instance owns the sockets: a pod after the restart is prepared as usual.
     second = _running_pod(sim, "after")
     _delete_pod(sim, "after")
-    assert not list(cdi.glob(f"*{second}*"))
+    wait_until(lambda: not list(cdi.glob(f"*{second}*")), 10, what="the second claim's CDI spec removed")
 
 
 # --- a truncated checkpoint ------------------------------------------------------------------------------------
@@ -151,8 +152,8 @@ def test_truncated_checkpoint_fails_each_claim_until_moved_away(sim):
     _delete_pod(sim, "before")  # prepared before the damage, unknown to the new checkpoint
     _delete_pod(sim, "blocked")
     for uid in (before, blocked):
-        assert not list(cdi.glob(f"*{uid}*")), "a CDI spec leaked"
-    assert _checkpoint_uids(sim) == set()
+        wait_until(lambda u=uid: not list(cdi.glob(f"*{u}*")), 10, what=f"claim {uid}'s CDI spec removed")
+    wait_until(lambda: _checkpoint_uids(sim) == set(), 10, what="the checkpoint emptied")
     assert _leftovers(plugin_dir) == []
 
 
@@ -199,10 +200,21 @@ def test_cdi_directory_read_only_or_full_fails_per_claim_and_recovers(sim, fault
     sim.create_pod("second")
     wait_until(lambda: _prepares(sim, "error") >= 2, 60, what="prepare failing and retried")
     assert sim.running("second") is None and sim.running("first") is not None
+    first_spec = inside / f"k8s.{sim.driver}-gpu_{first}.json"
     if fault == "read-only":
-        _delete_pod(sim, "first", wait=False)  # its unprepare cannot remove the spec either
-        wait_until(lambda: _unprepares(sim, "error") >= 2, 60, what="unprepare failing and retried")
-        assert sim.pod("first") is not None
+        # The unprepare answers once the devices are free; the spec's removal follows after the
+        # answer (plugin/cleanup.py), fails, is counted and logged, and is tried again.
+        _delete_pod(sim, "first")
+        assert _unprepares(sim, "error") == 0
+        wait_until(
+            lambda: (
+                _value(sim, "otel_dra_plugin_claim_errors_total", operation="unprepare", error_type="CDIRemoveFailed")
+                >= 2
+            ),
+            60,
+            what="the spec's removal failing and retried",
+        )
+        assert first_spec.exists()
     log = sim.plugin.log_path.read_text()
     assert "CDI spec" in log and reason in log, log[-2000:]
     assert sim.plugin.process.poll() is None
@@ -215,9 +227,13 @@ def test_cdi_directory_read_only_or_full_fails_per_claim_and_recovers(sim, fault
     pod = wait_until(lambda: sim.running("second"), 60, what="the retried prepare to succeed")
     second = str(sim.claim_of(pod)["metadata"]["uid"])
     _delete_pod(sim, "second")
-    if fault == "read-only":  # deleted while the directory was read-only: its retry goes through now
-        wait_until(lambda: sim.pod("first") is None, 60, what="the retried unprepare to succeed")
+    if fault == "read-only":  # unprepared while the directory was read-only: the retry goes through now
+        wait_until(lambda: not first_spec.exists(), 60, what="the retried removal of the first claim's spec")
     else:
         _delete_pod(sim, "first")
-    assert not [p.name for p in inside.iterdir() if first in p.name or second in p.name]
+
+    def specs_left() -> list[str]:
+        return [p.name for p in inside.iterdir() if first in p.name or second in p.name]
+
+    wait_until(lambda: not specs_left(), 10, what="the CDI specs of the unprepared claims removed")
     assert _leftovers(inside) == []

@@ -268,7 +268,8 @@ def test_full_cycle_prepare_then_unprepare(cluster):
     wait_until(lambda: cluster.pod("worker") is None, 60, what="pod deletion finished by the emulator")
     metrics = cluster.metrics()
     assert _value(metrics, "dra_example_driver_unprepare_claims_total", result="success") == 1
-    assert not list((cluster.root / cluster.node / "cdi").glob(f"*{uid}*"))
+    # The spec goes just after the unprepare's answer (plugin/cleanup.py).
+    wait_until(lambda: not list((cluster.root / cluster.node / "cdi").glob(f"*{uid}*")), 10, what="CDI spec removed")
 
 
 def test_plugin_restart_between_prepare_and_unprepare(cluster):
@@ -283,7 +284,8 @@ def test_plugin_restart_between_prepare_and_unprepare(cluster):
     metrics = cluster.metrics()
     assert _value(metrics, "dra_example_driver_unprepare_claims_total", result="success") == 1
     assert _value(metrics, "dra_example_driver_unprepare_claims_total", result="error") == 0
-    assert not list((cluster.root / cluster.node / "cdi").glob(f"*{uid}*"))
+    # The spec goes just after the unprepare's answer (plugin/cleanup.py).
+    wait_until(lambda: not list((cluster.root / cluster.node / "cdi").glob(f"*{uid}*")), 10, what="CDI spec removed")
 
 
 def test_pod_waits_while_the_driver_is_not_registered(cluster):

@@ -446,7 +446,8 @@ def _check_chart_on_node(
     # Deleting the workload pod unprepares its claim through the plugin pod.
     client.send_json("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/chart-gpu", {})
     wait_until(lambda: phase(client, "chart-gpu") == "Gone", timeout=90, what="workload pod deleted")
-    assert not (node.cdi_dir / f"k8s.{DRIVER}-gpu_{claim['metadata']['uid']}.json").exists()
+    spec = node.cdi_dir / f"k8s.{DRIVER}-gpu_{claim['metadata']['uid']}.json"
+    wait_until(lambda: not spec.exists(), timeout=10, what="the claim's CDI spec removed after the unprepare")
     print(
         f"\nhelm install -> plugin registered {registered:.1f}s, exporter Ready {exporter_ready:.1f}s; "
         f"workload pod Running {running_seconds:.1f}s after creation"

@@ -368,6 +368,7 @@ def test_prepare_and_unprepare(start, kubelet, dirs, node, namespace, admin_clie
 
     reply = kubelet.unprepare([ref(claim)])
     assert reply.claims[uid].error == ""
+    assert app.driver.settle(10)  # the spec and the checkpoint entry go just after the answer
     assert not dirs.cdi_spec(uid).exists()
     assert uid not in read_checkpoint(dirs)
     assert metric(port, "dra_example_driver_unprepare_claims_total", result="success") == 1
@@ -589,6 +590,7 @@ def test_restart_between_prepare_and_unprepare(start, kubelet, dirs, node, names
         assert kubelet.unprepare([ref(claim)]).claims[uid].error == ""
     finally:
         kubelet.close()
+    assert second.driver.settle(10)
     assert not dirs.cdi_spec(uid).exists()
     assert read_checkpoint(dirs) == {}
 

@@ -375,7 +375,7 @@ class _OneClaim:
         raise ApiError(404, "not found")
 
 
-def _driver(tmp_path, api=None):
+def _driver(tmp_path, api=None, *, cleanup_delay=None, cleanup_retry=5.0, meter_provider=None):
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.trace import NoOpTracerProvider
 
@@ -390,8 +390,10 @@ def _driver(tmp_path, api=None):
         inventory=Inventory(simulated_devices("node-a", 1)),
         cdi=cdi,
         checkpoint=Checkpoint(tmp_path / "checkpoint.json"),
-        metrics=PluginMetrics(MeterProvider(shutdown_on_exit=False)),
+        metrics=PluginMetrics(meter_provider or MeterProvider(shutdown_on_exit=False)),
         tracer_provider=NoOpTracerProvider(),
+        cleanup_delay=cleanup_delay,
+        cleanup_retry=cleanup_retry,
     )
 
 
@@ -525,6 +527,166 @@ def test_driver_reports_a_broken_checkpoint_per_claim_and_recovers(tmp_path):
     (tmp_path / "checkpoint.json").rename(tmp_path / "checkpoint.json.broken")
     assert driver.prepare([ref])["u1"].ok  # the kubelet's retry
     assert driver.unprepare([ref])["u1"].ok
+
+
+# --- the unprepare's files, after the answer (plugin/cleanup.py) ----------------------------------
+
+
+def _on_disk(tmp_path) -> list[str]:
+    return sorted(json.loads((tmp_path / "checkpoint.json").read_text())["claims"])
+
+
+def test_an_unprepare_answers_first_and_its_files_follow(tmp_path):
+    from otel_dra.plugin.state import ClaimRef
+
+    driver = _driver(tmp_path, cleanup_delay=3600)  # nothing runs until settle()
+    try:
+        ref = ClaimRef("ns", "u1", "c")
+        assert driver.prepare([ref])["u1"].ok
+        spec = driver.cdi.claim_spec_path("u1")
+        assert [d.device_name for d in driver.unprepare([ref])["u1"].devices] == ["gpu-0"]
+        # Answered: the claim is unprepared for everything that asks, the files not touched yet.
+        assert driver.checkpoint.get("u1") is None and driver.checkpoint.uids() == []
+        assert spec.exists() and _on_disk(tmp_path) == ["u1"]
+        assert driver.settle(5)
+        assert not spec.exists() and _on_disk(tmp_path) == []
+        assert driver.unprepare([ref])["u1"].ok  # again: nothing to do
+        assert driver.settle(5)
+    finally:
+        driver.close()
+
+
+def test_a_prepare_before_the_files_went_keeps_its_own(tmp_path):
+    from otel_dra.plugin.state import ClaimRef
+
+    driver = _driver(tmp_path, cleanup_delay=3600)
+    try:
+        ref = ClaimRef("ns", "u1", "c")
+        assert driver.prepare([ref])["u1"].ok
+        assert driver.unprepare([ref])["u1"].ok
+        assert driver.prepare([ref])["u1"].ok  # read from the API server again, not from the checkpoint
+        assert driver.client.reads == ["cache", "cache"]
+        assert driver.settle(5)
+        assert driver.cdi.claim_spec_path("u1").exists()  # the removal left the new prepare's spec
+        assert _on_disk(tmp_path) == ["u1"]
+        assert Checkpoint(tmp_path / "checkpoint.json").get("u1") == driver.checkpoint.get("u1")
+    finally:
+        driver.close()
+
+
+def test_the_unprepares_of_a_moment_share_one_checkpoint_write(tmp_path, monkeypatch):
+    from otel_dra.plugin import checkpoint as checkpoint_module
+    from otel_dra.plugin.state import ClaimRef
+
+    driver = _driver(tmp_path, cleanup_delay=3600)
+    try:
+        for uid in ("u1", "u2", "u3"):
+            driver.checkpoint.put(uid, _prepared(f"c-{uid}"))
+        writes = []
+        real = checkpoint_module.write_atomic
+        monkeypatch.setattr(checkpoint_module, "write_atomic", lambda *a, **k: (writes.append(a[0]), real(*a, **k)))
+        for uid in ("u1", "u2", "u3"):
+            assert driver.unprepare([ClaimRef("ns", uid, f"c-{uid}")])[uid].ok
+        assert writes == []
+        assert driver.settle(5)
+        assert len(writes) == 1 and _on_disk(tmp_path) == []
+    finally:
+        driver.close()
+
+
+def test_a_failed_removal_is_counted_and_tried_again(tmp_path, monkeypatch):
+    import errno
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from otel_dra.plugin.state import ClaimRef
+
+    reader = InMemoryMetricReader()
+    driver = _driver(
+        tmp_path, cleanup_delay=0.01, cleanup_retry=0.05, meter_provider=MeterProvider([reader], shutdown_on_exit=False)
+    )
+    try:
+        ref = ClaimRef("ns", "u1", "c")
+        assert driver.prepare([ref])["u1"].ok
+        spec = driver.cdi.claim_spec_path("u1")
+        tries = []
+
+        def read_only(uid):
+            tries.append(uid)
+            raise OSError(errno.EROFS, "Read-only file system")
+
+        real = driver.cdi.remove_claim
+        monkeypatch.setattr(driver.cdi, "remove_claim", read_only)
+        assert driver.unprepare([ref])["u1"].ok  # the kubelet's answer does not wait for the disk
+        assert not driver.settle(5)  # the first try failed: known at once
+        deadline = time.monotonic() + 5
+        while len(tries) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(tries) >= 2 and spec.exists()  # and tried again
+        assert not driver.settle(5)
+        errors = {
+            (dict(p.attributes)["operation"], dict(p.attributes)["error_type"]): p.value
+            for m in reader.get_metrics_data().resource_metrics[0].scope_metrics[0].metrics
+            if m.name == "otel_dra_plugin_claim_errors"
+            for p in m.data.data_points
+        }
+        assert errors[("unprepare", "CDIRemoveFailed")] >= 2
+        monkeypatch.setattr(driver.cdi, "remove_claim", real)  # writable again
+        assert driver.settle(5)
+        assert not spec.exists() and _on_disk(tmp_path) == []
+    finally:
+        driver.close()
+
+
+def test_a_stop_removes_the_files_of_the_unprepares_answered(tmp_path):
+    from otel_dra.plugin.state import ClaimRef
+
+    driver = _driver(tmp_path, cleanup_delay=3600)
+    ref = ClaimRef("ns", "u1", "c")
+    assert driver.prepare([ref])["u1"].ok
+    assert driver.unprepare([ref])["u1"].ok
+    driver.close()
+    assert not driver.cdi.claim_spec_path("u1").exists() and _on_disk(tmp_path) == []
+    assert not [t for t in threading.enumerate() if t.name == "unprepare-cleanup"]
+    assert driver.prepare([ref])["u1"].ok and driver.unprepare([ref])["u1"].ok  # a call finishing at stop
+    assert not driver.cdi.claim_spec_path("u1").exists() and _on_disk(tmp_path) == []
+
+
+def test_deferred_batches_retries_and_survives_a_bug():
+    from otel_dra.plugin.cleanup import Deferred
+
+    calls: list[list[str]] = []
+    fail = {"b"}
+
+    def work(keys):
+        calls.append(keys)
+        if "boom" in keys:
+            raise RuntimeError("a bug")
+        return [k for k in keys if k in fail]
+
+    deferred = Deferred(work, delay=3600, retry=0.01, name="t")
+    try:
+        assert deferred.flush(1)  # nothing yet, no thread
+        for key in ("a", "b", "a"):
+            assert deferred.submit(key)
+        assert deferred.pending() == 2
+        assert not deferred.flush(5)  # b failed
+        deadline = time.monotonic() + 5
+        while len(calls) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert calls[0] == ["a", "b"] and all(c == ["b"] for c in calls[1:]) and len(calls) >= 3  # again and again
+        fail.clear()
+        assert deferred.flush(5) and deferred.pending() == 0
+        calls.clear()
+        deferred.submit("boom")
+        assert not deferred.flush(5)  # logged, kept
+        assert calls and all(c == ["boom"] for c in calls)
+    finally:
+        deferred.close()
+    assert deferred.pending() == 0  # tried once more at close, then left (logged)
+    assert not deferred.submit("c")  # after close the caller does the work itself
+    assert calls[-1] == ["boom"]
 
 
 # --- sockets -------------------------------------------------------------------------------------
