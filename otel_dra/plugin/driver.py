@@ -7,9 +7,9 @@ from the claim's opaque device configuration and admin access as in dra-example-
 CDI spec for the claim, records it in the checkpoint and returns the CDI device ids. Unprepare
 removes the spec and the checkpoint entry, during the call or, with ``cleanup_delay``, just after
 its answer (:mod:`otel_dra.plugin.cleanup`: the kubelet does not wait for files it never reads).
-An unusable claim or configuration fails that claim's
-prepare with the reason. Both are idempotent; failures are reported per claim (the kubelet retries
-those claims), never as a failed RPC. This module is the orchestration: locks, the API reads, the
+An unusable claim or configuration fails that claim's prepare with the reason. Both are
+idempotent; failures are reported per claim (the kubelet retries those claims), never as a failed
+RPC. This module is the orchestration: locks, the API reads, the
 files, spans and metrics.
 
 Every claim is one span with children for reading the claim, writing the CDI spec and writing the
