@@ -507,7 +507,8 @@ class Driver:
         """A claim of the checkpoint that no longer exists, or is no longer allocated the devices
         prepared for it (read at start, see devicestatus.py): its entry goes, as its unprepare
         would remove it. One is left behind where a machine crash lost an unprepare's checkpoint
-        write (not fsynced, Checkpoint.remove; nor is the directory after a rename); the kubelet
+        write (not fsynced, Checkpoint.remove; nor is the directory after a rename), or the plugin
+        was killed before its deferred write ran (cleanup.py); the kubelet
         never unprepares it again, and a claim allocated anew must not be answered from it. An
         unprepare that still comes finds nothing to do."""
         with self._claim_lock(ref.uid):
