@@ -5,14 +5,15 @@ claim; the files only follow. Removing the spec and rewriting the checkpoint too
 an unprepare of 2.6 ms on the real kubelet (docs/benchmarks-log.md, issue 29), time the kubelet
 waited for nothing it uses. :class:`Deferred` runs such work on a thread of its own, a short moment
 after the call (the unprepares of that moment in one batch: one checkpoint write for all of them),
-and tries what failed again later.
+and tries what failed again later: after 5 s, then twice as long each time, up to 5 minutes.
 
 What this gives up: a failure to remove a spec or write the checkpoint is no longer the kubelet's
 error to retry; it is logged, counted (``otel_dra_plugin_claim_errors_total``, operation
-``unprepare``) and retried here until it works. A plugin killed before the work ran leaves the
-claim's entry in the checkpoint file, as a machine crash could before (the removal is not fsynced):
-the restarted plugin reads every claim of its checkpoint and drops the entries of claims that are
-gone or allocated other devices (``Driver.forget_gone_claim``). A stop runs what is pending first.
+``unprepare``) and retried here until it works (a log line each try). A plugin killed before the
+work ran leaves the claim's entry in the checkpoint file, as a machine crash could before (the
+removal is not fsynced): the restarted plugin reads every claim of its checkpoint and drops the
+entries of claims that are gone or allocated other devices (``Driver.forget_gone_claim``). A stop
+runs what is pending first.
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ log = logging.getLogger(__name__)
 
 class Deferred:
     """Calls ``work(keys)`` on a worker thread ``delay`` seconds after the first of those keys was
-    submitted; ``work`` returns the keys that failed, tried again ``retry`` seconds later. The
-    thread starts with the first key. Thread-safe."""
+    submitted; ``work`` returns the keys that failed, tried again ``retry`` seconds later, then
+    after twice as long each time up to ``max_retry`` (a directory read-only for hours is tried,
+    and logged by ``work``, a few times an hour, not every few seconds). A key submitted anew goes
+    with the next batch after ``delay``, whatever its earlier failures. The thread starts with the
+    first key. Thread-safe."""
 
     def __init__(
         self,
@@ -36,12 +40,14 @@ class Deferred:
         *,
         delay: float = 0.2,
         retry: float = 5.0,
+        max_retry: float = 300.0,
         name: str = "deferred",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._work = work
         self._delay = delay
         self._retry = retry
+        self._max_retry = max_retry
         self._name = name
         self._clock = clock
         self._cond = threading.Condition()
@@ -49,7 +55,7 @@ class Deferred:
         self._due: float | None = None  # when the pending keys are run
         self._busy = False  # work is running on the worker
         self._rounds = 0  # calls of work finished
-        self._failed: set[str] = set()  # keys whose last try failed, waiting for the next
+        self._failed: dict[str, int] = {}  # keys whose last try failed: how many tries failed in a row
         self._closed = False
         self._thread: threading.Thread | None = None
 
@@ -60,13 +66,19 @@ class Deferred:
             if self._closed:
                 return False
             self._pending[key] = None
-            if self._due is None:
-                self._due = self._clock() + self._delay
+            self._failed.pop(key, None)  # submitted anew: a fresh start, not a backed-off retry
+            # Not later than the delay, even with retries of other keys due far off.
+            due = self._clock() + self._delay
+            self._due = due if self._due is None else min(self._due, due)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
             self._cond.notify_all()
             return True
+
+    def retry_wait(self, tries: int) -> float:
+        """Seconds before the next try of a key whose last ``tries`` tries failed."""
+        return float(min(self._retry * 2 ** min(tries - 1, 32), self._max_retry))
 
     def pending(self) -> int:
         with self._cond:
@@ -112,14 +124,18 @@ class Deferred:
             with self._cond:
                 self._busy = False
                 self._rounds += 1
-                self._failed.difference_update(keys)
+                tries = {k: self._failed.pop(k, 0) + 1 for k in failed}
+                for key in keys:
+                    self._failed.pop(key, None)
                 if failed and closing:
                     log.warning("%s: left undone at stop: %s", self._name, ", ".join(failed))
                 elif failed:
-                    self._failed.update(failed)
+                    self._failed.update(tries)
                     self._pending.update(dict.fromkeys(failed))
-                    if self._due is None:
-                        self._due = self._clock() + self._retry
+                    # The keys of a batch are tried together: the batch waits as long as its
+                    # freshest failure asks.
+                    due = self._clock() + self.retry_wait(min(tries.values()))
+                    self._due = due if self._due is None else min(self._due, due)
                 self._cond.notify_all()
                 if closing and not self._pending:
                     return

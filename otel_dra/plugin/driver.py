@@ -185,7 +185,8 @@ class Driver:
         devices' status into their claims (None: not written); ``cleanup_delay``: an unprepare's
         CDI spec removal and checkpoint write are made that many seconds after the answer, on a
         thread of their own (cleanup.py; :meth:`close` stops it), None: during the call; what fails
-        there is tried again ``cleanup_retry`` seconds later."""
+        there is tried again ``cleanup_retry`` seconds later, then after twice as long each time,
+        up to 5 minutes."""
         self.client = client
         self.driver_name = driver_name
         self.node_name = node_name
@@ -294,7 +295,11 @@ class Driver:
                     )
                 result = ClaimResult(devices=devices)
                 log.debug("%s claim %s: %s", operation, ref, ", ".join(d.device_name for d in devices) or "-")
-        record(result.ok, watch.elapsed())
+            # Read before the span ends, so that the claim span always covers the time observed:
+            # ending it hands the span to the processor, and the GIL may go to another thread
+            # (the device status writer, the span worker) for a switch interval, 5 ms, meanwhile.
+            elapsed = watch.elapsed()
+        record(result.ok, elapsed)
         return result
 
     def _parent(self, device_name: str) -> str:

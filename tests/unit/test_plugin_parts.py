@@ -691,6 +691,42 @@ def test_deferred_batches_retries_and_survives_a_bug():
     assert calls[-1] == ["boom"]
 
 
+def test_deferred_backs_off_a_key_that_keeps_failing_and_not_a_new_one():
+    from otel_dra.plugin.cleanup import Deferred
+
+    assert [Deferred(list, retry=5, max_retry=300).retry_wait(n) for n in (1, 2, 3, 6, 7, 100)] == [
+        5,
+        10,
+        20,
+        160,
+        300,
+        300,
+    ]
+    times: dict[str, list[float]] = {"old": [], "new": []}
+
+    def work(keys):
+        for key in keys:
+            times[key].append(time.monotonic())
+        return [k for k in keys if k == "old"]
+
+    deferred = Deferred(work, delay=0, retry=0.1, max_retry=10)
+    try:
+        deferred.submit("old")
+        deadline = time.monotonic() + 10
+        while len(times["old"]) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        first, second, third = times["old"][:3]
+        assert second - first >= 0.1 and third - second >= 0.2  # doubled (never shorter than asked)
+        # A key submitted now is not held back by the old one's next wait, 0.4 s.
+        submitted = time.monotonic()
+        deferred.submit("new")
+        while not times["new"] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert times["new"] and times["new"][0] - submitted < 0.3
+    finally:
+        deferred.close()
+
+
 # --- sockets -------------------------------------------------------------------------------------
 
 
