@@ -42,14 +42,12 @@ class Deferred:
         retry: float = 5.0,
         max_retry: float = 300.0,
         name: str = "deferred",
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._work = work
         self._delay = delay
         self._retry = retry
         self._max_retry = max_retry
         self._name = name
-        self._clock = clock
         self._cond = threading.Condition()
         self._pending: dict[str, None] = {}  # in submission order
         self._due: float | None = None  # when the pending keys are run
@@ -68,7 +66,7 @@ class Deferred:
             self._pending[key] = None
             self._failed.pop(key, None)  # submitted anew: a fresh start, not a backed-off retry
             # Not later than the delay, even with retries of other keys due far off.
-            due = self._clock() + self._delay
+            due = time.monotonic() + self._delay
             self._due = due if self._due is None else min(self._due, due)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
@@ -93,7 +91,7 @@ class Deferred:
             # The round running now took its keys already; the pending ones go in the next.
             target = self._rounds + (2 if self._busy and self._pending else 1)
             if self._pending:
-                self._due = self._clock()
+                self._due = time.monotonic()
                 self._cond.notify_all()
             if not self._cond.wait_for(lambda: self._rounds >= target, timeout):
                 return False
@@ -111,8 +109,8 @@ class Deferred:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and (self._due is None or self._clock() < self._due):
-                    self._cond.wait(None if self._due is None else max(0.0, self._due - self._clock()))
+                while not self._closed and (self._due is None or time.monotonic() < self._due):
+                    self._cond.wait(None if self._due is None else max(0.0, self._due - time.monotonic()))
                 if not self._pending:
                     return  # closed, nothing left
                 keys = list(self._pending)
@@ -124,9 +122,8 @@ class Deferred:
             with self._cond:
                 self._busy = False
                 self._rounds += 1
-                tries = {k: self._failed.pop(k, 0) + 1 for k in failed}
-                for key in keys:
-                    self._failed.pop(key, None)
+                earlier = {k: self._failed.pop(k, 0) for k in keys}
+                tries = {k: earlier.get(k, 0) + 1 for k in failed}
                 if failed and closing:
                     log.warning("%s: left undone at stop: %s", self._name, ", ".join(failed))
                 elif failed:
@@ -134,7 +131,7 @@ class Deferred:
                     self._pending.update(dict.fromkeys(failed))
                     # The keys of a batch are tried together: the batch waits as long as its
                     # freshest failure asks.
-                    due = self._clock() + self.retry_wait(min(tries.values()))
+                    due = time.monotonic() + self.retry_wait(min(tries.values()))
                     self._due = due if self._due is None else min(self._due, due)
                 self._cond.notify_all()
                 if closing and not self._pending:

@@ -9,8 +9,7 @@ removes the spec and the checkpoint entry, during the call or, with ``cleanup_de
 its answer (:mod:`otel_dra.plugin.cleanup`: the kubelet does not wait for files it never reads).
 An unusable claim or configuration fails that claim's prepare with the reason. Both are
 idempotent; failures are reported per claim (the kubelet retries those claims), never as a failed
-RPC. This module is the orchestration: locks, the API reads, the
-files, spans and metrics.
+RPC. This module is the orchestration: locks, the API reads, the files, spans and metrics.
 
 Every claim is one span with children for reading the claim, writing the CDI spec and writing the
 checkpoint. Attribute names: docs/metrics.md#plugin-traces.
@@ -485,15 +484,13 @@ class Driver:
                         continue  # prepared again meanwhile: the spec there is the new prepare's
                     self.cdi.remove_claim(uid)
                 except (CheckpointError, OSError) as exc:
-                    kind = "CheckpointUnreadable" if isinstance(exc, CheckpointError) else "CDIRemoveFailed"
-                    self.metrics.claim_error("unprepare", kind)
+                    self.metrics.claim_error("unprepare", _file_error_kind(exc, "CDIRemoveFailed"))
                     log.warning("unprepared claim %s: cannot remove its CDI spec yet (retried): %s", uid, exc)
                     failed.append(uid)
         try:
             self.checkpoint.flush()
         except (CheckpointError, OSError) as exc:
-            kind = "CheckpointUnreadable" if isinstance(exc, CheckpointError) else "CheckpointWriteFailed"
-            self.metrics.claim_error("unprepare", kind)
+            self.metrics.claim_error("unprepare", _file_error_kind(exc, "CheckpointWriteFailed"))
             log.warning("unprepared claims %s: cannot write the checkpoint yet (retried): %s", ", ".join(uids), exc)
             return uids
         return failed
@@ -513,9 +510,9 @@ class Driver:
         prepared for it (read at start, see devicestatus.py): its entry goes, as its unprepare
         would remove it. One is left behind where a machine crash lost an unprepare's checkpoint
         write (not fsynced, Checkpoint.remove; nor is the directory after a rename), or the plugin
-        was killed before its deferred write ran (cleanup.py); the kubelet
-        never unprepares it again, and a claim allocated anew must not be answered from it. An
-        unprepare that still comes finds nothing to do."""
+        was killed before its deferred write ran (cleanup.py); the kubelet never unprepares it
+        again, and a claim allocated anew must not be answered from it. An unprepare that still
+        comes finds nothing to do."""
         with self._claim_lock(ref.uid):
             try:
                 entry = self.checkpoint.get(ref.uid)
@@ -544,6 +541,11 @@ class Driver:
         self.device_status.on_gone = self.forget_gone_claim
         self.device_status.reapply(claims)
         return len(claims)
+
+
+def _file_error_kind(exc: Exception, os_error_kind: str) -> str:
+    """The error type of a deferred file step: an unusable checkpoint is its own kind, as in a call."""
+    return "CheckpointUnreadable" if isinstance(exc, CheckpointError) else os_error_kind
 
 
 class _Stopwatch:

@@ -30,7 +30,7 @@ from otel_dra.telemetry.exposition import assemble
 from otel_dra.telemetry.otlp import ConfigError
 from otel_dra.telemetry.provider import build_metrics_pipeline
 from otel_dra.telemetry.tracing import build_tracing_pipeline, sampler_from_env
-from tests.helpers import parse_samples
+from tests.helpers import parse_samples, wait_until
 from tests.unit.fake_nvml import FakeGpu, FakeNvml
 
 # --- devices -----------------------------------------------------------------------------------
@@ -620,10 +620,8 @@ def test_a_failed_removal_is_counted_and_tried_again(tmp_path, monkeypatch):
         monkeypatch.setattr(driver.cdi, "remove_claim", read_only)
         assert driver.unprepare([ref])["u1"].ok  # the kubelet's answer does not wait for the disk
         assert not driver.settle(5)  # the first try failed: known at once
-        deadline = time.monotonic() + 5
-        while len(tries) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert len(tries) >= 2 and spec.exists()  # and tried again
+        wait_until(lambda: len(tries) >= 2, 5, 0.01, what="a second try")
+        assert spec.exists()
         assert not driver.settle(5)
         errors = {
             (dict(p.attributes)["operation"], dict(p.attributes)["error_type"]): p.value
@@ -673,9 +671,7 @@ def test_deferred_batches_retries_and_survives_a_bug():
             assert deferred.submit(key)
         assert deferred.pending() == 2
         assert not deferred.flush(5)  # b failed
-        deadline = time.monotonic() + 5
-        while len(calls) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: len(calls) >= 3, 5, 0.01, what="two retries of b")
         assert calls[0] == ["a", "b"] and all(c == ["b"] for c in calls[1:]) and len(calls) >= 3  # again and again
         fail.clear()
         # A retry of b already running may fail once more; the next succeeds.
@@ -712,17 +708,14 @@ def test_deferred_backs_off_a_key_that_keeps_failing_and_not_a_new_one():
     deferred = Deferred(work, delay=0, retry=0.1, max_retry=10)
     try:
         deferred.submit("old")
-        deadline = time.monotonic() + 10
-        while len(times["old"]) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: len(times["old"]) >= 3, 10, 0.01, what="three tries of the old key")
         first, second, third = times["old"][:3]
         assert second - first >= 0.1 and third - second >= 0.2  # doubled (never shorter than asked)
         # A key submitted now is not held back by the old one's next wait, 0.4 s.
         submitted = time.monotonic()
         deferred.submit("new")
-        while not times["new"] and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert times["new"] and times["new"][0] - submitted < 0.3
+        wait_until(lambda: times["new"], 10, 0.005, what="the new key's try")
+        assert times["new"][0] - submitted < 0.3
     finally:
         deferred.close()
 
