@@ -329,6 +329,7 @@ class Bench:
         before = kubelet_metrics(self.node.layout.dir, self.kubelet_port)
         metrics_port = free_port()
         argv, env = self._argv(variant, metrics_port)
+        exports_before = self._sink_requests() if variant in TRACED_VARIANTS else 0
         out = (self.work / f"{variant}.log").open("ab")
         started = time.monotonic()
         # cwd: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH.
@@ -399,9 +400,11 @@ class Bench:
             out.close()
         after = kubelet_metrics(self.node.layout.dir, self.kubelet_port)
         spans: dict[str, list[float]] = {}
+        exports = 0
         if variant in TRACED_VARIANTS:  # stopped: the last spans are flushed
             with urllib.request.urlopen(f"http://127.0.0.1:{self.sink_port}/spans", timeout=10) as resp:
                 spans = json.loads(resp.read())
+            exports = self._sink_requests() - exports_before
         with log.open("rb") as f:
             f.seek(offset)
             calls = kubelet_dra_calls(f.read().decode(errors="replace"))
@@ -419,8 +422,14 @@ class Bench:
             "startup_cpu_s": startup_cpu,
             "registered_s": registered_s,
             "spans": spans,
+            "exports": exports,  # OTLP requests from start to stop (the stop's flush included)
             "own": own,
         }
+
+    def _sink_requests(self) -> int:
+        """How many OTLP requests the sink has answered so far."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.sink_port}/windows", timeout=10) as resp:
+            return len(json.loads(resp.read()))
 
 
 def ratio_ci95(a: list[float], b: list[float], resamples: int = 2000) -> list[float]:
@@ -465,6 +474,8 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     for r in rounds:
         for name, seconds in r.get("spans", {}).items():
             spans.setdefault(name, []).extend(seconds)
+    if any(r.get("exports") for r in rounds):
+        out["exports_per_round"] = statistics.median(r.get("exports", 0) for r in rounds)
     if spans:
         # Where the time goes inside the plugin (tracing on): mean per span name.
         out["span_mean_ms"] = {name: ms(statistics.fmean(v)) for name, v in sorted(spans.items())}

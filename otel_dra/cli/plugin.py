@@ -40,6 +40,14 @@ GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST
 # An unprepare's CDI spec removal and checkpoint write come this long after its answer
 # (plugin/cleanup.py): the unprepares of a pod's teardown share one checkpoint write.
 UNPREPARE_CLEANUP_DELAY_S = 0.2
+# gRPC core's experiments for the plugin's server, unless GRPC_EXPERIMENTS says otherwise. With
+# the EventEngine listener (grpcio's default since 1.6x) each call that comes after a quiet spell,
+# as a kubelet's do, woke gRPC's event-engine threads for about 1.7 ms of CPU; with the listener
+# before it, accepted connections are polled by the server's own completion-queue thread: 20 calls
+# 0.5 s apart cost the process 43 ms of CPU instead of 54, and answer no slower (1.5 against
+# 1.6 ms; grpcio 1.85, docs/benchmarks-log.md, issue 29). gRPC reads the variable once, when it is
+# first imported; a name a later grpcio no longer knows is logged by gRPC and ignored.
+GRPC_EXPERIMENTS = "-event_engine_listener"
 
 
 def add_parser(sub: Any) -> None:
@@ -651,7 +659,19 @@ def _serve_plugin_metrics(app: PluginApp, client: Any, web: WebOptions, address:
     )
 
 
+def grpc_defaults(environ: dict[str, str] | Any) -> bool:
+    """Set the plugin's gRPC experiments (GRPC_EXPERIMENTS) in ``environ`` unless it names some
+    already; True when gRPC, imported later, will see them. Must run before gRPC is imported."""
+    if "grpc" in sys.modules:
+        return False
+    environ.setdefault("GRPC_EXPERIMENTS", GRPC_EXPERIMENTS)
+    return environ["GRPC_EXPERIMENTS"] == GRPC_EXPERIMENTS
+
+
 def cmd_plugin(args: argparse.Namespace) -> int:
+    import os
+
+    grpc_defaults(os.environ)  # before the imports below bring gRPC in
     from otel_dra.kube.client import CredentialsError
     from otel_dra.plugin.nvml import DiscoveryError
     from otel_dra.plugin.server import PluginStartError

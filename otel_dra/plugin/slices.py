@@ -3,9 +3,16 @@
 The publisher owns the slices with ``spec.nodeName=<node>`` and ``spec.driver=<driver>``. A
 reconcile lists them (one field-selected request), compares the devices they carry with the
 devices to publish, and only when they differ writes every slice with the pool generation
-incremented, then deletes slices it no longer needs. Unchanged devices cost one list request per
-resync and no writes. A background thread rediscovers devices and reconciles every ``resync``
-seconds, which also repairs slices that someone else changed or deleted.
+incremented, then deletes slices it no longer needs. A background thread rediscovers devices and
+reconciles every ``resync`` seconds, which also repairs slices that someone else changed or deleted.
+
+Unchanged devices cost one metadata-only list per resync and no writes: once the slices are known
+to match (compared in full, or written), the publisher keeps what it published and the
+``resourceVersion`` of each slice; while the devices to publish, the owner and the names and
+versions on the API server all stay the same, nothing can differ, and the full list (every device
+of every slice, decoded and compared) is skipped. Any change there, ours or someone else's, takes
+the full path. Why: the kubelet's registration brings five re-checks within 20 s (recheck_soon),
+and each full list of a 64-device pool cost about 8 ms of CPU (docs/benchmarks-log.md, issue 29).
 
 Every slice is owned by the node's Node object (``ownerReferences``: v1 Node, its name and UID,
 ``controller: true``, as the kubelet-plugin helper's ResourceSlice controller writes it), so the
@@ -47,6 +54,9 @@ from otel_dra.plugin.registration import go_to_lower
 log = logging.getLogger(__name__)
 
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
+# A list of the objects' metadata alone (PartialObjectMetadataList; the API server converts, with
+# the same selectors): the names and resourceVersions of the node's slices, without their devices.
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 MAX_DEVICES_PER_SLICE = 128
 # With taints or consumed counters on any device of a slice (resource.k8s.io/v1, 1.35 and later).
 MAX_DEVICES_PER_SLICE_WITH_EXTRAS = 64
@@ -181,6 +191,16 @@ def rejected_features(message: str) -> set[str]:
     }
 
 
+def _versions(slices: Any) -> dict[str, str]:
+    """{name: resourceVersion} of slices as the API server answered them."""
+    out = {}
+    for s in slices:
+        metadata = s.get("metadata") if isinstance(s, dict) else None
+        if isinstance(metadata, dict):
+            out[str(metadata.get("name", ""))] = str(metadata.get("resourceVersion", ""))
+    return out
+
+
 def _with_taints(device: Device, taints: Mapping[str, list[dict[str, str]]]) -> dict[str, Any]:
     body = device.to_api()
     if taints.get(device.name):
@@ -222,7 +242,11 @@ class SlicePublisher:
         self._thread: threading.Thread | None = None
         self.generation = 0
         self.publishes = 0  # reconciles that wrote something (tests and logs)
+        self.full_checks = 0  # reconciles that read and compared every slice in full (tests)
         self._owner: dict[str, Any] | None = None  # the Node's owner reference, once read
+        # What the API server was last seen or made to hold: (slices as published, owner,
+        # {name: resourceVersion}); None until then, and after a failed or partial write.
+        self._known: tuple[dict[str, dict[str, Any]], dict[str, Any] | None, dict[str, str]] | None = None
         self._warned_no_node = False
         # Features (devices.FEATURES) this API server does not take, found when publishing.
         self.features_off: set[str] = set()
@@ -257,9 +281,36 @@ class SlicePublisher:
 
     # --- one reconcile -------------------------------------------------------------------------
     def list_own(self) -> list[dict[str, Any]]:
-        selector = f"spec.nodeName={self.node_name},spec.driver={self.driver_name}"
-        items = self.client.get_json(SLICES_PATH, {"fieldSelector": selector}).get("items") or []
+        items = self.client.get_json(SLICES_PATH, {"fieldSelector": self._selector()}).get("items") or []
         return [s for s in items if isinstance(s, dict)]
+
+    def _selector(self) -> str:
+        return f"spec.nodeName={self.node_name},spec.driver={self.driver_name}"
+
+    def _own_versions(self) -> dict[str, str] | None:
+        """The name and resourceVersion of each slice of this node and driver, from a metadata-only
+        list; None when the answer is not such a list (then the full path decides)."""
+        answer = self.client.get_json(
+            SLICES_PATH, {"fieldSelector": self._selector()}, headers={"Accept": METADATA_LIST}
+        )
+        items = answer.get("items") if isinstance(answer, dict) else None
+        if not isinstance(items, list):
+            return None
+        versions = {}
+        for item in items:
+            metadata = item.get("metadata") if isinstance(item, dict) else None
+            if not isinstance(metadata, dict):
+                return None
+            versions[str(metadata.get("name", ""))] = str(metadata.get("resourceVersion", ""))
+        return versions
+
+    def _unchanged(self, desired: dict[str, dict[str, Any]], owner: dict[str, Any] | None) -> bool:
+        """Whether the API server still holds exactly what it was last seen or made to hold, and
+        that is ``desired`` owned by ``owner``: asked with one metadata-only list."""
+        known = self._known
+        if known is None or known[0] != desired or known[1] != owner:
+            return False
+        return self._own_versions() == known[2]
 
     def publish(self, pool: Pool | Sequence[Device]) -> bool:
         """Make the API server hold exactly ``pool`` (less the features it does not take, see
@@ -269,13 +320,20 @@ class SlicePublisher:
         pool = without(pool, self.features_off)
         taints = self._device_taints() if self._device_taints is not None and not self._taints_dropped else {}
         desired = self.layout(pool, taints)
+        known_owner = self.node_owner(refresh=False)
+        if self._unchanged(desired, known_owner):
+            return False
+        self._known = None
+        self.full_checks += 1
         existing = {s.get("metadata", {}).get("name", ""): s for s in self.list_own()}
         generations = [int((s.get("spec", {}).get("pool") or {}).get("generation") or 0) for s in existing.values()]
-        if self._up_to_date(existing, desired, self.node_owner(refresh=False)):
+        if self._up_to_date(existing, desired, known_owner):
             self.generation = max(generations, default=0)
+            self._known = (desired, known_owner, _versions(existing.values()))
             return False
         owner = self.node_owner(refresh=True)  # the Node may have been re-created: its UID now
         generation = max(generations, default=0) + 1
+        written: list[Any] = []
         for name, part in desired.items():
             body = self._slice(name, part, generation, len(desired), owner)
             current = existing.get(name)
@@ -284,12 +342,17 @@ class SlicePublisher:
             else:
                 body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
                 answer = self.client.send_json("PUT", f"{SLICES_PATH}/{name}", body)
+            written.append(answer)
             self._check_taints_kept(body, answer)
             dropped = dropped_features(body["spec"], answer) - self.features_off
             if dropped:
                 self._turn_off(dropped, f"dropped by the API server from ResourceSlice {name}")
         for name in existing.keys() - desired.keys():
             self._delete(name)
+        # As written, with the versions the API server answered: unchanged until someone writes.
+        # A feature it dropped or a taint it did not keep changes what is desired next time, so a
+        # written slice that differs from it is never taken for up to date.
+        self._known = (desired, owner, _versions(written))
         self.generation = generation
         self.publishes += 1
         log.info(
@@ -426,6 +489,7 @@ class SlicePublisher:
 
     def delete_all(self) -> int:
         """Remove every slice of this node and driver (on request, or at a clean shutdown)."""
+        self._known = None
         names = [s.get("metadata", {}).get("name", "") for s in self.list_own()]
         for name in names:
             self._delete(name)

@@ -753,6 +753,46 @@ def test_chart_role_is_enough(testbed, helm, dirs, kubelet, node, namespace, adm
     assert own_slices(admin_client, node) == []
 
 
+def test_unchanged_resync_lists_metadata_only_on_the_real_api_server(start, node, admin_client):
+    # The publisher's cheap re-check: a metadata-only list (PartialObjectMetadataList, the field
+    # selector applied by the API server) says whether anything changed since it last looked.
+    from otel_dra.plugin.slices import METADATA_LIST, SLICES_PATH
+
+    app = start(node, resync=3600)
+    wait_until(lambda: own_slices(admin_client, node), what="first publish")
+    wait_until(lambda: app.publisher.sync() is False, what="a quiet sync")
+    # What the publisher asks for is what the API server answers: metadata alone, selected.
+    listed = admin_client.get_json(
+        SLICES_PATH, {"fieldSelector": f"spec.nodeName={node}"}, headers={"Accept": METADATA_LIST}
+    )
+    assert listed["kind"] == "PartialObjectMetadataList"
+    assert sorted(i["metadata"]["name"] for i in listed["items"]) == sorted(
+        s["metadata"]["name"] for s in own_slices(admin_client, node)
+    )
+    assert all(set(i) <= {"apiVersion", "kind", "metadata"} for i in listed["items"])
+    checks, publishes = app.publisher.full_checks, app.publisher.publishes
+    assert app.publisher.sync() is False
+    assert (app.publisher.full_checks, app.publisher.publishes) == (checks, publishes)  # names and versions only
+    # Another writer's change that leaves the devices alone: read in full once, not written.
+    (first, *_) = own_slices(admin_client, node)
+    first["metadata"].setdefault("labels", {})["team"] = "gpu"
+    admin_client.send_json("PUT", f"/apis/resource.k8s.io/v1/resourceslices/{first['metadata']['name']}", first)
+    assert app.publisher.sync() is False
+    assert (app.publisher.full_checks, app.publisher.publishes) == (checks + 1, publishes)
+    assert app.publisher.sync() is False
+    assert app.publisher.full_checks == checks + 1
+    # A device changed by someone else: put back.
+    (first, *_) = own_slices(admin_client, node)
+    wanted = first["spec"]["devices"][0]["attributes"]
+    first["spec"]["devices"][0]["attributes"] = {**wanted, "otel-dra.test/extra": {"string": "x"}}
+    admin_client.send_json("PUT", f"/apis/resource.k8s.io/v1/resourceslices/{first['metadata']['name']}", first)
+    assert app.publisher.sync() is True
+    assert app.publisher.publishes == publishes + 1
+    name = first["metadata"]["name"]
+    (again,) = [s for s in own_slices(admin_client, node) if s["metadata"]["name"] == name]
+    assert again["spec"]["devices"][0]["attributes"] == wanted
+
+
 def test_slices_deleted_around_a_registration_come_back_before_the_resync(start, node, admin_client):
     # A starting kubelet deletes its node's slices near the moment it registers the plugin; the
     # plugin then checks again at once and a few times after (recheck_soon), not only at the resync.

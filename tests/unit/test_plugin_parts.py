@@ -762,20 +762,25 @@ class _SliceApi:
         self.slices: dict[str, dict] = {}
         self.nodes: dict[str, dict] = {}
         self.requests: list[tuple[str, str]] = []
+        self.version = 0
 
-    def get_json(self, path, query=None, **_):
-        self.requests.append(("GET", path))
+    def get_json(self, path, query=None, headers=None, **_):
+        metadata_only = "PartialObjectMetadataList" in (headers or {}).get("Accept", "")
+        self.requests.append(("GET metadata" if metadata_only else "GET", path))
         if path.startswith("/api/v1/nodes/"):
             node = self.nodes.get(path.rsplit("/", 1)[1])
             if node is None:
                 raise ApiError(404, "not found")
             return node
+        if metadata_only:
+            return {"items": [{"metadata": dict(s["metadata"])} for s in self.slices.values()]}
         return {"items": [json.loads(json.dumps(s)) for s in self.slices.values()]}
 
     def send_json(self, method, path, body, *args):
         self.requests.append((method, path))
         body = json.loads(json.dumps(body))
-        body["metadata"]["resourceVersion"] = "1"
+        self.version += 1
+        body["metadata"]["resourceVersion"] = str(self.version)
         self.slices[body["metadata"]["name"]] = body
         return body
 
@@ -803,15 +808,73 @@ def test_slices_owned_by_the_node_and_the_lookup_only_when_writing(caplog):
     assert publisher.sync() is True
     owner = {"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "uid-1", "controller": True}
     assert [s["metadata"]["ownerReferences"] for s in api.slices.values()] == [[owner]]
-    # Unchanged resyncs cost one LIST and no Node lookup.
+    # Unchanged resyncs cost one metadata-only LIST and no Node lookup.
     api.requests.clear()
     assert publisher.sync() is False
-    assert api.requests == [("GET", "/apis/resource.k8s.io/v1/resourceslices")]
+    assert api.requests == [("GET metadata", "/apis/resource.k8s.io/v1/resourceslices")]
     # Re-created Node (a new UID) after the collector deleted the slices: the new owner.
     api.slices.clear()
     api.nodes["node-a"] = {"metadata": {"name": "node-a", "uid": "uid-2"}}
     assert publisher.sync() is True
     assert [s["metadata"]["ownerReferences"][0]["uid"] for s in api.slices.values()] == ["uid-2"]
+
+
+def test_slices_unchanged_resync_reads_metadata_only_and_any_change_takes_the_full_path():
+    from otel_dra.plugin.slices import SlicePublisher
+
+    api = _SliceApi()
+    api.nodes["node-a"] = {"metadata": {"name": "node-a", "uid": "uid-1"}}
+    devices = {"n": 2}
+    publisher = SlicePublisher(
+        api,
+        driver_name="gpu.example.com",
+        node_name="node-a",
+        discover=lambda: simulated_devices("node-a", devices["n"]),
+    )
+    assert publisher.sync() is True
+    assert (publisher.publishes, publisher.full_checks) == (1, 1)
+    # Nothing changed: the names and versions say so, the devices are not read.
+    api.requests.clear()
+    assert publisher.sync() is False
+    assert api.requests == [("GET metadata", "/apis/resource.k8s.io/v1/resourceslices")]
+    assert publisher.full_checks == 1
+    (name,) = api.slices
+    # Someone else writes the slice without changing what it publishes (a label): compared in full,
+    # nothing written, and the new version is the known one from then on.
+    api.version += 1
+    api.slices[name]["metadata"]["labels"]["team"] = "x"
+    api.slices[name]["metadata"]["resourceVersion"] = str(api.version)
+    assert publisher.sync() is False
+    assert (publisher.publishes, publisher.full_checks) == (1, 2)
+    assert publisher.sync() is False
+    assert publisher.full_checks == 2
+    # Someone else changes a device: rewritten.
+    api.version += 1
+    api.slices[name]["spec"]["devices"][0]["attributes"]["index"] = {"int": 99}
+    api.slices[name]["metadata"]["resourceVersion"] = str(api.version)
+    assert publisher.sync() is True
+    assert publisher.publishes == 2
+    assert publisher.sync() is False
+    # Deleted (the kubelet's wipe at registration): published again.
+    api.slices.clear()
+    assert publisher.sync() is True
+    assert publisher.publishes == 3
+    # Our own devices change: the full path, a new generation.
+    devices["n"] = 3
+    assert publisher.sync() is True
+    assert [len(s["spec"]["devices"]) for s in api.slices.values()] == [3]
+    assert publisher.publishes == 4
+    # A write that fails half-way leaves nothing known: the next sync compares in full.
+    checks = publisher.full_checks
+    devices["n"] = 4
+    send = api.send_json
+    api.send_json = lambda *a: (_ for _ in ()).throw(ApiError(500, "boom"))
+    with pytest.raises(ApiError):
+        publisher.sync()
+    api.send_json = send
+    devices["n"] = 3
+    assert publisher.sync() is False  # what is there is what is wanted again, found by reading it
+    assert publisher.full_checks == checks + 2
 
 
 # --- metrics -------------------------------------------------------------------------------------

@@ -282,7 +282,9 @@ def test_calls_close_together_share_one_export(recorders):
         time.sleep(0.3)
         assert IDLE_EXPORT_INTERVAL_S > 0.6
         assert len(exports.batches) == 1  # within the interval: waiting for the next export
-        wait_until(lambda: len(exports.batches) == 2, timeout=5, what="one export for both calls")
+        wait_until(
+            lambda: len(exports.batches) == 2, timeout=IDLE_EXPORT_INTERVAL_S + 5, what="one export for both calls"
+        )
         assert sorted(exports.batches[1]) == ["second", "third"]
     finally:
         provider.shutdown()
