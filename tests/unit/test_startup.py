@@ -105,6 +105,40 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in
     assert json.loads(done.stdout) == []
 
 
+_GRPC_DEFAULTS = """
+import os, sys, json
+from otel_dra.cli import build_parser
+build_parser("plugin")
+from otel_dra.cli.plugin import GRPC_EXPERIMENTS, grpc_defaults
+before = "grpc" in sys.modules  # the command line parsed: gRPC not imported yet
+environ = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
+ours = grpc_defaults(environ), environ.get("GRPC_EXPERIMENTS") == GRPC_EXPERIMENTS
+users = {"GRPC_EXPERIMENTS": ""}
+kept = grpc_defaults(users), users
+import grpc
+late = {}
+print(json.dumps({"before": before, "ours": ours, "kept": kept, "late": [grpc_defaults(late), late]}))
+"""
+
+
+def test_the_plugin_sets_its_grpc_experiments_before_grpc_is_imported_unless_the_user_did():
+    done = subprocess.run(
+        [sys.executable, "-c", _GRPC_DEFAULTS],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"} | {"PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "before": False,
+        "ours": [True, True],
+        "kept": [False, {"GRPC_EXPERIMENTS": ""}],  # the user's own (here: grpcio's defaults)
+        "late": [False, {}],  # gRPC read the variable already: nothing to set
+    }
+
+
 _TRACES_WITH = """
 import sys, json
 from otel_dra.telemetry.tracing import build_tracing_pipeline
