@@ -8,7 +8,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +41,12 @@ GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST
 # (plugin/cleanup.py): the unprepares of a pod's teardown share one checkpoint write.
 UNPREPARE_CLEANUP_DELAY_S = 0.2
 # gRPC core's experiments for the plugin's server, unless GRPC_EXPERIMENTS says otherwise. With
-# the EventEngine listener (grpcio's default since 1.6x) each call that comes after a quiet spell,
-# as a kubelet's do, woke gRPC's event-engine threads for about 1.7 ms of CPU; with the listener
-# before it, accepted connections are polled by the server's own completion-queue thread: 20 calls
-# 0.5 s apart cost the process 43 ms of CPU instead of 54, and answer no slower (1.5 against
-# 1.6 ms; grpcio 1.85, docs/benchmarks-log.md, issue 29). gRPC reads the variable once, when it is
-# first imported; a name a later grpcio no longer knows is logged by gRPC and ignored.
+# the EventEngine listener (grpcio's default) each call that comes after a quiet spell, as a
+# kubelet's do, wakes gRPC's event-engine threads; with the listener before it, accepted
+# connections are polled by the server's own completion-queue thread: 1.80 ms of server CPU per
+# call 0.5 s apart instead of 2.35, answered as fast (p50 1.57 against 1.61 ms; grpcio 1.85,
+# `python -m bench.floor`, docs/benchmarks-log.md, issue 29). gRPC reads the variable once, when
+# it is first imported; a name a later grpcio no longer knows is logged by gRPC and ignored.
 GRPC_EXPERIMENTS = "-event_engine_listener"
 
 
@@ -659,7 +659,7 @@ def _serve_plugin_metrics(app: PluginApp, client: Any, web: WebOptions, address:
     )
 
 
-def grpc_defaults(environ: dict[str, str] | Any) -> bool:
+def grpc_defaults(environ: MutableMapping[str, str]) -> bool:
     """Set the plugin's gRPC experiments (GRPC_EXPERIMENTS) in ``environ`` unless it names some
     already; True when gRPC, imported later, will see them. Must run before gRPC is imported."""
     if "grpc" in sys.modules:

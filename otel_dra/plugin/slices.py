@@ -12,7 +12,8 @@ to match (compared in full, or written), the publisher keeps what it published a
 versions on the API server all stay the same, nothing can differ, and the full list (every device
 of every slice, decoded and compared) is skipped. Any change there, ours or someone else's, takes
 the full path. Why: the kubelet's registration brings five re-checks within 20 s (recheck_soon),
-and each full list of a 64-device pool cost about 8 ms of CPU (docs/benchmarks-log.md, issue 29).
+and a re-check of a 64-device pool cost about 5 ms of CPU with the full list, 1.5 ms without it
+(docs/benchmarks-log.md, issue 29).
 
 Every slice is owned by the node's Node object (``ownerReferences``: v1 Node, its name and UID,
 ``controller: true``, as the kubelet-plugin helper's ResourceSlice controller writes it), so the

@@ -71,7 +71,7 @@ _SETTLE_S = 0.01
 # every call, a round of 10 pods on the real kubelet made 33 exports, the span worker's largest
 # cost (docs/benchmarks-log.md, issue 29). The interval is the batch processor's own default timer
 # (OTEL_BSP_SCHEDULE_DELAY, 5 s): spans reach the backend no later than the SDK alone would send
-# them, in fewer requests (2 s made 6 to 8 exports in a 20 s round of 10 pods; 5 s makes 3 to 4).
+# them, in fewer requests (a round of 10 pods, start to stop: 9-10 OTLP requests, 13-14 with 2 s).
 IDLE_EXPORT_INTERVAL_S = 5.0
 # One slower than this pauses them that long.
 _IDLE_EXPORT_TIMEOUT_MS = 5000
