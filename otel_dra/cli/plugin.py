@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
 import signal
 import sys
 import time
@@ -669,8 +670,6 @@ def grpc_defaults(environ: MutableMapping[str, str]) -> bool:
 
 
 def cmd_plugin(args: argparse.Namespace) -> int:
-    import os
-
     grpc_defaults(os.environ)  # before the imports below bring gRPC in
     from otel_dra.kube.client import CredentialsError
     from otel_dra.plugin.nvml import DiscoveryError

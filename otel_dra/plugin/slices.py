@@ -295,15 +295,11 @@ class SlicePublisher:
             SLICES_PATH, {"fieldSelector": self._selector()}, headers={"Accept": METADATA_LIST}
         )
         items = answer.get("items") if isinstance(answer, dict) else None
-        if not isinstance(items, list):
+        if not isinstance(items, list) or not all(
+            isinstance(i, dict) and isinstance(i.get("metadata"), dict) for i in items
+        ):
             return None
-        versions = {}
-        for item in items:
-            metadata = item.get("metadata") if isinstance(item, dict) else None
-            if not isinstance(metadata, dict):
-                return None
-            versions[str(metadata.get("name", ""))] = str(metadata.get("resourceVersion", ""))
-        return versions
+        return _versions(items)
 
     def _unchanged(self, desired: dict[str, dict[str, Any]], owner: dict[str, Any] | None) -> bool:
         """Whether the API server still holds exactly what it was last seen or made to hold, and
